@@ -1,0 +1,441 @@
+package proto
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// ErrInvalid is wrapped by every decoding or validation error of this package.
+var ErrInvalid = errors.New("proto: invalid message")
+
+// Bounds every message is held to on the wire. The coordinator's API applies the same or tighter ones.
+const (
+	MaxCommandBytes = 64 << 10
+	MaxEnvEntries   = 256
+	MaxEnvKeyBytes  = 256
+	MaxEnvBytes     = 256 << 10
+	MaxTitleBytes   = 1024
+	MaxPathBytes    = 4096
+	MaxChunkBytes   = 64 << 10
+	MaxMessageBytes = 1 << 20
+	MaxTimeoutMS    = 7 * 24 * 3600 * 1000
+	MaxMemoryBytes  = 1 << 40
+	MaxMillicores   = 1 << 20
+	MaxPids         = 1 << 22
+	MaxOutputBytes  = 1 << 40
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// decodeStrict decodes exactly one JSON object, refusing unknown fields, and checks the version.
+func decodeStrict(data []byte, v any, version *int) error {
+	if len(data) > MaxMessageBytes {
+		return invalid("message of %d bytes exceeds %d", len(data), MaxMessageBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return invalid("%v", err)
+	}
+	if dec.More() {
+		return invalid("trailing data after the object")
+	}
+	if *version != Version {
+		return invalid("version %d, want %d", *version, Version)
+	}
+	return nil
+}
+
+// Limits bound one job. Zero means "the runner's default" (for output and timeout: none).
+type Limits struct {
+	MemoryBytes   int64 `json:"memory_bytes,omitempty"`
+	CPUMillicores int64 `json:"cpu_millicores,omitempty"`
+	Pids          int64 `json:"pids,omitempty"`
+	OutputBytes   int64 `json:"output_bytes,omitempty"`
+	TimeoutMS     int64 `json:"timeout_ms,omitempty"`
+}
+
+// Validate reports the first limit out of range, naming its field.
+func (l Limits) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+		max  int64
+	}{
+		{"memory_bytes", l.MemoryBytes, MaxMemoryBytes},
+		{"cpu_millicores", l.CPUMillicores, MaxMillicores},
+		{"pids", l.Pids, MaxPids},
+		{"output_bytes", l.OutputBytes, MaxOutputBytes},
+		{"timeout_ms", l.TimeoutMS, MaxTimeoutMS},
+	} {
+		if f.v < 0 || f.v > f.max {
+			return invalid("limits.%s %d out of range [0, %d]", f.name, f.v, f.max)
+		}
+	}
+	return nil
+}
+
+// Work is one job handed to a runner through WorkStream.
+type Work struct {
+	V        int               `json:"v"`
+	JobID    string            `json:"job_id"`
+	Command  string            `json:"command"`
+	Cwd      string            `json:"cwd"`
+	Env      map[string]string `json:"env,omitempty"`
+	Readonly bool              `json:"readonly,omitempty"`
+	Pool     string            `json:"pool"`
+	Limits   Limits            `json:"limits"`
+}
+
+// Validate checks a Work message field by field.
+func (w *Work) Validate() error {
+	if w.V != Version {
+		return invalid("version %d, want %d", w.V, Version)
+	}
+	if !ValidToken(w.JobID) {
+		return invalid("job_id %q is not a token", w.JobID)
+	}
+	if !ValidToken(w.Pool) {
+		return invalid("pool %q is not a token", w.Pool)
+	}
+	if w.Command == "" || len(w.Command) > MaxCommandBytes {
+		return invalid("command must be 1..%d bytes", MaxCommandBytes)
+	}
+	if len(w.Cwd) == 0 || w.Cwd[0] != '/' || len(w.Cwd) > MaxPathBytes {
+		return invalid("cwd %q must be an absolute path", w.Cwd)
+	}
+	if err := ValidateEnv(w.Env); err != nil {
+		return err
+	}
+	return w.Limits.Validate()
+}
+
+// ValidateEnv checks the size and shape of a job's environment.
+func ValidateEnv(env map[string]string) error {
+	if len(env) > MaxEnvEntries {
+		return invalid("env has %d entries, at most %d", len(env), MaxEnvEntries)
+	}
+	total := 0
+	for k, v := range env {
+		if k == "" || len(k) > MaxEnvKeyBytes || bytes.ContainsAny([]byte(k), "=\x00") {
+			return invalid("env key %q must be 1..%d bytes without '=' or NUL", k, MaxEnvKeyBytes)
+		}
+		if bytes.IndexByte([]byte(v), 0) >= 0 {
+			return invalid("env value of %q contains NUL", k)
+		}
+		total += len(k) + len(v) + 2
+	}
+	if total > MaxEnvBytes {
+		return invalid("env is %d bytes, at most %d", total, MaxEnvBytes)
+	}
+	return nil
+}
+
+// DecodeWork decodes and validates a Work message.
+func DecodeWork(data []byte) (*Work, error) {
+	var w Work
+	if err := decodeStrict(data, &w, &w.V); err != nil {
+		return nil, err
+	}
+	if err := w.Validate(); err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// Event kinds.
+const (
+	// EventAccepted: a runner took the work (acked it) and is about to start it.
+	EventAccepted = "accepted"
+	// EventStarted: the process runs, in its cgroup.
+	EventStarted = "started"
+	// EventExited: the process and everything in its cgroup ended; all output was published before it.
+	EventExited = "exited"
+)
+
+// Reasons a job ended, as the API names them.
+const (
+	ReasonExit         = "exit"
+	ReasonSignal       = "signal"
+	ReasonKilled       = "killed"
+	ReasonTimeout      = "timeout"
+	ReasonOOM          = "oom"
+	ReasonOutputLimit  = "output_limit"
+	ReasonLost         = "lost"
+	ReasonSessionEnded = "session_ended"
+	ReasonStartFailed  = "start_failed"
+)
+
+// Usage is what a job consumed, read from its cgroup.
+type Usage struct {
+	CPUMS           int64  `json:"cpu_ms"`
+	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
+}
+
+// Event is a state change of one job, published by its runner on StateSubject.
+type Event struct {
+	V      int       `json:"v"`
+	Kind   string    `json:"kind"`
+	JobID  string    `json:"job_id"`
+	Runner string    `json:"runner"`
+	Time   time.Time `json:"time"`
+	// Started.
+	Pid int `json:"pid,omitempty"`
+	// Exited.
+	ExitCode    *int   `json:"exit_code,omitempty"`
+	Signal      int    `json:"signal,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+	Error       string `json:"error,omitempty"`
+	OutputBytes int64  `json:"output_bytes,omitempty"`
+	Usage       *Usage `json:"usage,omitempty"`
+}
+
+var reasons = map[string]bool{
+	ReasonExit: true, ReasonSignal: true, ReasonKilled: true, ReasonTimeout: true, ReasonOOM: true,
+	ReasonOutputLimit: true, ReasonStartFailed: true,
+}
+
+// Validate checks an Event for its kind.
+func (e *Event) Validate() error {
+	if e.V != Version {
+		return invalid("version %d, want %d", e.V, Version)
+	}
+	if !ValidToken(e.JobID) {
+		return invalid("job_id %q is not a token", e.JobID)
+	}
+	if !ValidToken(e.Runner) {
+		return invalid("runner %q is not a token", e.Runner)
+	}
+	if e.Time.IsZero() {
+		return invalid("time is missing")
+	}
+	switch e.Kind {
+	case EventAccepted:
+	case EventStarted:
+		if e.Pid <= 0 {
+			return invalid("started event needs a pid, got %d", e.Pid)
+		}
+	case EventExited:
+		if !reasons[e.Reason] {
+			return invalid("reason %q is not one a runner reports", e.Reason)
+		}
+		if e.Reason != ReasonStartFailed && e.ExitCode == nil {
+			return invalid("exited event needs exit_code")
+		}
+		if e.ExitCode != nil && (*e.ExitCode < 0 || *e.ExitCode > 255) {
+			return invalid("exit_code %d out of range", *e.ExitCode)
+		}
+		if e.Signal < 0 || e.Signal > 64 {
+			return invalid("signal %d out of range", e.Signal)
+		}
+		if e.OutputBytes < 0 {
+			return invalid("output_bytes %d is negative", e.OutputBytes)
+		}
+		if len(e.Error) > 4096 {
+			return invalid("error is %d bytes, at most 4096", len(e.Error))
+		}
+	default:
+		return invalid("kind %q is unknown", e.Kind)
+	}
+	return nil
+}
+
+// MsgID is the JetStream de-duplication id of the event: one per job and kind.
+func (e *Event) MsgID() string { return e.JobID + ":" + e.Kind }
+
+// DecodeEvent decodes and validates an Event.
+func DecodeEvent(data []byte) (*Event, error) {
+	var e Event
+	if err := decodeStrict(data, &e, &e.V); err != nil {
+		return nil, err
+	}
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// Chunk is a piece of a job's output (stdout and stderr interleaved), published on OutputSubject with
+// the raw bytes as the payload and the job and byte offset in headers. Writing a chunk twice is harmless.
+type Chunk struct {
+	JobID  string
+	Offset int64
+	Data   []byte
+}
+
+// Headers returns the NATS headers of the chunk, including its de-duplication id.
+func (c *Chunk) Headers() map[string][]string {
+	off := strconv.FormatInt(c.Offset, 10)
+	return map[string][]string{
+		HeaderVersion: {strconv.Itoa(Version)},
+		HeaderJob:     {c.JobID},
+		HeaderOffset:  {off},
+		HeaderMsgID:   {c.JobID + ":o:" + off},
+	}
+}
+
+// DecodeChunk validates a chunk's headers and payload. The payload is not copied.
+func DecodeChunk(headers map[string][]string, data []byte) (*Chunk, error) {
+	get := func(k string) string {
+		if v := headers[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	if v := get(HeaderVersion); v != strconv.Itoa(Version) {
+		return nil, invalid("chunk version %q, want %d", v, Version)
+	}
+	c := &Chunk{JobID: get(HeaderJob), Data: data}
+	if !ValidToken(c.JobID) {
+		return nil, invalid("chunk job %q is not a token", c.JobID)
+	}
+	off, err := strconv.ParseInt(get(HeaderOffset), 10, 64)
+	if err != nil || off < 0 || off > MaxOutputBytes {
+		return nil, invalid("chunk offset %q is not a byte offset", get(HeaderOffset))
+	}
+	c.Offset = off
+	if len(data) == 0 || len(data) > MaxChunkBytes {
+		return nil, invalid("chunk of %d bytes, want 1..%d", len(data), MaxChunkBytes)
+	}
+	return c, nil
+}
+
+// Control operations.
+const (
+	OpKill   = "kill"
+	OpSignal = "signal"
+	OpPing   = "ping"
+)
+
+// Control is a request to the runner that owns a job, on ControlSubject.
+type Control struct {
+	V     int    `json:"v"`
+	Op    string `json:"op"`
+	JobID string `json:"job_id,omitempty"`
+	// Signal names the signal for OpSignal ("INT", "HUP", ...).
+	Signal string `json:"signal,omitempty"`
+}
+
+// Signals a control request may name.
+var Signals = map[string]int{"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19}
+
+// Validate checks a Control request.
+func (c *Control) Validate() error {
+	if c.V != Version {
+		return invalid("version %d, want %d", c.V, Version)
+	}
+	switch c.Op {
+	case OpPing:
+		return nil
+	case OpKill:
+	case OpSignal:
+		if _, ok := Signals[c.Signal]; !ok {
+			return invalid("signal %q is not one of HUP INT QUIT KILL USR1 USR2 TERM CONT STOP", c.Signal)
+		}
+	default:
+		return invalid("op %q is unknown", c.Op)
+	}
+	if !ValidToken(c.JobID) {
+		return invalid("job_id %q is not a token", c.JobID)
+	}
+	return nil
+}
+
+// DecodeControl decodes and validates a Control request.
+func DecodeControl(data []byte) (*Control, error) {
+	var c Control
+	if err := decodeStrict(data, &c, &c.V); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Control reply codes.
+const (
+	// ReplyOK: done.
+	ReplyOK = "ok"
+	// ReplyUnknownJob: the runner has no such job running (it ended, or never ran here).
+	ReplyUnknownJob = "unknown_job"
+	// ReplyInvalid: the request did not decode.
+	ReplyInvalid = "invalid"
+)
+
+// ControlReply answers a Control request.
+type ControlReply struct {
+	V       int    `json:"v"`
+	Code    string `json:"code"`
+	Message string `json:"message,omitempty"`
+}
+
+// DecodeControlReply decodes and validates a ControlReply.
+func DecodeControlReply(data []byte) (*ControlReply, error) {
+	var r ControlReply
+	if err := decodeStrict(data, &r, &r.V); err != nil {
+		return nil, err
+	}
+	switch r.Code {
+	case ReplyOK, ReplyUnknownJob, ReplyInvalid:
+	default:
+		return nil, invalid("reply code %q is unknown", r.Code)
+	}
+	return &r, nil
+}
+
+// Heartbeat announces a runner and its capacity, every few seconds, on HeartbeatSubject.
+type Heartbeat struct {
+	V       int    `json:"v"`
+	Runner  string `json:"runner"`
+	Pool    string `json:"pool"`
+	Slots   int    `json:"slots"`
+	Running int    `json:"running"`
+	// Readonly is the verdict of the runner's sandbox probe; ReadonlyReason says why when false.
+	Readonly       bool              `json:"readonly"`
+	ReadonlyReason string            `json:"readonly_reason,omitempty"`
+	Cgroup         string            `json:"cgroup"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	Version        string            `json:"version"`
+	Time           time.Time         `json:"time"`
+	// Jobs lists the jobs the runner is running now, so a coordinator can tell which are lost.
+	Jobs []string `json:"jobs,omitempty"`
+}
+
+// DecodeHeartbeat decodes and validates a Heartbeat.
+func DecodeHeartbeat(data []byte) (*Heartbeat, error) {
+	var h Heartbeat
+	if err := decodeStrict(data, &h, &h.V); err != nil {
+		return nil, err
+	}
+	if !ValidToken(h.Runner) || !ValidToken(h.Pool) {
+		return nil, invalid("runner %q and pool %q must be tokens", h.Runner, h.Pool)
+	}
+	if h.Slots < 1 || h.Running < 0 || h.Running > h.Slots || len(h.Jobs) > h.Slots {
+		return nil, invalid("slots %d, running %d, jobs %d are inconsistent", h.Slots, h.Running, len(h.Jobs))
+	}
+	for _, j := range h.Jobs {
+		if !ValidToken(j) {
+			return nil, invalid("job %q is not a token", j)
+		}
+	}
+	if h.Time.IsZero() {
+		return nil, invalid("time is missing")
+	}
+	return &h, nil
+}
+
+// Encode marshals any message of this package. Marshalling these types cannot fail.
+func Encode(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("proto: encode %T: %v", v, err))
+	}
+	return b
+}

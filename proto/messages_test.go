@@ -1,0 +1,198 @@
+package proto
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func validWork() Work {
+	return Work{V: Version, JobID: "j1", Command: "echo hi", Cwd: "/tmp", Pool: "default"}
+}
+
+func TestWorkRoundTrip(t *testing.T) {
+	w := validWork()
+	w.Env = map[string]string{"A": "b"}
+	w.Limits = Limits{MemoryBytes: 64 << 20, Pids: 40}
+	got, err := DecodeWork(Encode(&w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.JobID != w.JobID || got.Env["A"] != "b" || got.Limits.Pids != 40 {
+		t.Fatalf("round trip changed the message: %+v", got)
+	}
+}
+
+func TestDecodeWorkRejects(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Work)
+		field  string
+	}{
+		{"version", func(w *Work) { w.V = 2 }, "version"},
+		{"empty command", func(w *Work) { w.Command = "" }, "command"},
+		{"huge command", func(w *Work) { w.Command = strings.Repeat("x", MaxCommandBytes+1) }, "command"},
+		{"relative cwd", func(w *Work) { w.Cwd = "tmp" }, "cwd"},
+		{"bad job id", func(w *Work) { w.JobID = "a.b" }, "job_id"},
+		{"bad pool", func(w *Work) { w.Pool = "" }, "pool"},
+		{"negative memory", func(w *Work) { w.Limits.MemoryBytes = -1 }, "limits.memory_bytes"},
+		{"absurd pids", func(w *Work) { w.Limits.Pids = MaxPids + 1 }, "limits.pids"},
+		{"env key with =", func(w *Work) { w.Env = map[string]string{"A=B": "c"} }, "env key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := validWork()
+			tt.mutate(&w)
+			_, err := DecodeWork(Encode(&w))
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("got %v, want ErrInvalid naming %q", err, tt.field)
+			}
+		})
+	}
+	for _, raw := range []string{`{"v":1`, `[]`, `{"v":1,"unknown":1}`, `{"v":1} {}`} {
+		if _, err := DecodeWork([]byte(raw)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("DecodeWork(%s) = %v, want ErrInvalid", raw, err)
+		}
+	}
+}
+
+func TestEventValidate(t *testing.T) {
+	code := 0
+	now := time.Now()
+	tests := []struct {
+		name string
+		e    Event
+		ok   bool
+	}{
+		{"accepted", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Time: now}, true},
+		{"started", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now, Pid: 7}, true},
+		{"started without pid", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now}, false},
+		{"exited", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, ExitCode: &code, Reason: ReasonExit}, true},
+		{"exited without code", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonExit}, false},
+		{"start failed", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonStartFailed, Error: "no cwd"}, true},
+		{"lost is not a runner's", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, ExitCode: &code, Reason: ReasonLost}, false},
+		{"unknown kind", Event{V: 1, Kind: "x", JobID: "j", Runner: "r", Time: now}, false},
+		{"no time", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := DecodeEvent(Encode(&tt.e))
+			if (err == nil) != tt.ok {
+				t.Fatalf("DecodeEvent = %v, want ok=%v", err, tt.ok)
+			}
+		})
+	}
+}
+
+func TestChunkRoundTrip(t *testing.T) {
+	c := Chunk{JobID: "j1", Offset: 1 << 33, Data: []byte("hello")}
+	h := c.Headers()
+	if h[HeaderMsgID][0] != "j1:o:8589934592" {
+		t.Fatalf("msg id %q", h[HeaderMsgID][0])
+	}
+	got, err := DecodeChunk(h, c.Data)
+	if err != nil || got.Offset != c.Offset || !bytes.Equal(got.Data, c.Data) {
+		t.Fatalf("DecodeChunk = %+v, %v", got, err)
+	}
+	h[HeaderOffset] = []string{"-1"}
+	if _, err := DecodeChunk(h, c.Data); err == nil {
+		t.Fatal("negative offset accepted")
+	}
+	if _, err := DecodeChunk(c.Headers(), make([]byte, MaxChunkBytes+1)); err == nil {
+		t.Fatal("oversized chunk accepted")
+	}
+}
+
+func TestControlValidate(t *testing.T) {
+	for _, c := range []Control{{V: 1, Op: OpKill, JobID: "j"}, {V: 1, Op: OpSignal, JobID: "j", Signal: "INT"}, {V: 1, Op: OpPing}} {
+		if _, err := DecodeControl(Encode(&c)); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+	for _, c := range []Control{{V: 1, Op: OpKill}, {V: 1, Op: OpSignal, JobID: "j", Signal: "SEGV"}, {V: 1, Op: "reboot", JobID: "j"}} {
+		if _, err := DecodeControl(Encode(&c)); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}
+
+func TestJobFromSubject(t *testing.T) {
+	job, kind, ok := JobFromSubject(OutputSubject("abc"))
+	if !ok || job != "abc" || kind != "out" {
+		t.Fatalf("got %q %q %v", job, kind, ok)
+	}
+	for _, s := range []string{"sbx.v1.events.abc", "sbx.v1.events.a.b.c", "sbx.v1.work.x.plain", "sbx.v1.events..out"} {
+		if _, _, ok := JobFromSubject(s); ok {
+			t.Errorf("%q accepted", s)
+		}
+	}
+}
+
+func FuzzDecodeWork(f *testing.F) {
+	w := validWork()
+	f.Add(Encode(&w))
+	f.Add([]byte(`{"v":1,"job_id":"x","command":"a","cwd":"/","pool":"p","limits":{"pids":-1}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := DecodeWork(data)
+		if err != nil {
+			return
+		}
+		// Whatever decodes must validate again after a round trip.
+		if _, err := DecodeWork(Encode(got)); err != nil {
+			t.Fatalf("re-decoding a valid work message: %v", err)
+		}
+	})
+}
+
+func FuzzDecodeEvent(f *testing.F) {
+	code := 1
+	f.Add(Encode(&Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: time.Now(), ExitCode: &code, Reason: ReasonExit}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := DecodeEvent(data)
+		if err != nil {
+			return
+		}
+		if _, err := DecodeEvent(Encode(got)); err != nil {
+			t.Fatalf("re-decoding a valid event: %v", err)
+		}
+	})
+}
+
+func FuzzDecodeChunk(f *testing.F) {
+	f.Add("j1", "0", "1", []byte("x"))
+	f.Fuzz(func(t *testing.T, job, off, version string, data []byte) {
+		c, err := DecodeChunk(map[string][]string{HeaderJob: {job}, HeaderOffset: {off}, HeaderVersion: {version}}, data)
+		if err != nil {
+			return
+		}
+		if c.Offset < 0 || !ValidToken(c.JobID) || len(c.Data) == 0 || len(c.Data) > MaxChunkBytes {
+			t.Fatalf("invalid chunk accepted: %+v", c)
+		}
+	})
+}
+
+func FuzzDecodeControl(f *testing.F) {
+	f.Add(Encode(&Control{V: 1, Op: OpKill, JobID: "j"}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if c, err := DecodeControl(data); err == nil {
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+func FuzzDecodeHeartbeat(f *testing.F) {
+	f.Add(Encode(&Heartbeat{V: 1, Runner: "r", Pool: "p", Slots: 2, Time: time.Now()}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := DecodeHeartbeat(data)
+		if err != nil {
+			return
+		}
+		if h.Running > h.Slots || !ValidToken(h.Runner) {
+			t.Fatalf("inconsistent heartbeat accepted: %+v", h)
+		}
+	})
+}
