@@ -1,0 +1,122 @@
+package coordinator
+
+import (
+	"crypto/rand"
+	"math/big"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Status is where a job is in its life: queued → running → succeeded | failed | aborted.
+type Status string
+
+// Statuses.
+const (
+	StatusQueued    Status = "queued"
+	StatusRunning   Status = "running"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+	StatusAborted   Status = "aborted"
+)
+
+// Ended reports whether the status is final.
+func (s Status) Ended() bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusAborted
+}
+
+// Valid reports whether s is one of the statuses.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusQueued, StatusRunning, StatusSucceeded, StatusFailed, StatusAborted:
+		return true
+	}
+	return false
+}
+
+// Limits bound one job (see proto.Limits); zero means the default.
+type Limits = proto.Limits
+
+// Usage is what a job consumed.
+type Usage = proto.Usage
+
+// Job is one command: what was asked, where it runs and how it ended. It is stored whole; the HTTP
+// adapter decides what the API shows.
+type Job struct {
+	ID          string     `json:"id"`
+	Session     string     `json:"session"`
+	Title       string     `json:"title"`
+	Command     string     `json:"command"`
+	Cwd         string     `json:"cwd"`
+	Readonly    bool       `json:"readonly"`
+	Pool        string     `json:"pool"`
+	Status      Status     `json:"status"`
+	Reason      string     `json:"reason,omitempty"`
+	Error       string     `json:"error,omitempty"`
+	ExitCode    *int       `json:"exit_code,omitempty"`
+	Signal      int        `json:"signal,omitempty"`
+	Pid         int        `json:"pid,omitempty"`
+	Runner      string     `json:"runner,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	AcceptedAt  *time.Time `json:"accepted_at,omitempty"`
+	StartedAt   *time.Time `json:"started_at,omitempty"`
+	EndedAt     *time.Time `json:"ended_at,omitempty"`
+	OutputBytes int64      `json:"output_bytes"`
+	OutputPath  string     `json:"output_path"`
+	Limits      Limits     `json:"limits"`
+	Usage       *Usage     `json:"usage,omitempty"`
+	// WorkSeq is the sequence of the job's work message in the work stream, to withdraw it while queued.
+	WorkSeq uint64 `json:"work_seq,omitempty"`
+}
+
+// ElapsedMS is the time from start to end (or to now while running); 0 before the start.
+func (j *Job) ElapsedMS(now time.Time) int64 {
+	if j.StartedAt == nil {
+		return 0
+	}
+	end := now
+	if j.EndedAt != nil {
+		end = *j.EndedAt
+	}
+	return end.Sub(*j.StartedAt).Milliseconds()
+}
+
+// end moves the job to its final status. The status follows from the reason and exit code.
+func (j *Job) end(at time.Time, reason string, exitCode *int) {
+	j.Reason = reason
+	j.ExitCode = exitCode
+	j.EndedAt = &at
+	switch {
+	case reason == proto.ReasonExit && exitCode != nil && *exitCode == 0:
+		j.Status = StatusSucceeded
+	case reason == proto.ReasonExit || reason == proto.ReasonSignal || reason == proto.ReasonStartFailed:
+		j.Status = StatusFailed
+	default:
+		j.Status = StatusAborted
+	}
+}
+
+// DefaultTitle is the first line of the command cut to 80 characters.
+func DefaultTitle(command string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(command), "\n")
+	line = strings.TrimSpace(line)
+	if r := []rune(line); len(r) > 80 {
+		line = string(r[:80])
+	}
+	return line
+}
+
+// newJobID returns a 13-character id that sorts by creation time: 9 base-36 digits of the Unix
+// millisecond and 4 random ones. It is a valid subject token and cgroup name.
+func newJobID(now time.Time) string {
+	ms := strconv.FormatInt(now.UnixMilli(), 36)
+	ms = strings.Repeat("0", 9-len(ms)) + ms
+	n, err := rand.Int(rand.Reader, big.NewInt(36*36*36*36))
+	if err != nil {
+		panic("coordinator: crypto/rand failed: " + err.Error())
+	}
+	r := strconv.FormatInt(n.Int64(), 36)
+	return ms + strings.Repeat("0", 4-len(r)) + r
+}

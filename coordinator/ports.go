@@ -1,0 +1,58 @@
+package coordinator
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// JobStore keeps jobs durably.
+type JobStore interface {
+	// PutJob creates or replaces a job.
+	PutJob(ctx context.Context, job *Job) error
+	// Job returns a job, or an ENOTFOUND error.
+	Job(ctx context.Context, id string) (*Job, error)
+	// Jobs returns jobs matching the filter, newest first.
+	Jobs(ctx context.Context, f JobFilter) ([]*Job, error)
+	// UnfinishedJobs returns every job not yet ended, for recovery after a restart.
+	UnfinishedJobs(ctx context.Context) ([]*Job, error)
+}
+
+// JobFilter selects jobs in a listing. Zero fields select everything.
+type JobFilter struct {
+	Session string
+	Status  Status
+	Limit   int
+}
+
+// OutputStore keeps each job's output in its terminal file (<data>/terminals/<id>.txt): a header
+// written when the job starts, the raw output, a footer when it ends.
+type OutputStore interface {
+	// Path is where the job's terminal file is (or will be).
+	Path(id string) string
+	// Begin writes the header of a started job. Calling it again for the same job rewrites it.
+	Begin(job *Job) error
+	// Write puts output bytes at their offset in the body.
+	Write(id string, offset int64, p []byte) error
+	// Touch rewrites the header's running_for_ms in place.
+	Touch(job *Job, runningFor time.Duration) error
+	// End rewrites the header's status and appends the footer after job.OutputBytes of body.
+	End(job *Job) error
+	// Size is the number of body bytes on disk (0 when there is no file).
+	Size(id string) (int64, error)
+	// Open returns a reader of the body, positioned at offset; it reads at most limit bytes
+	// (limit < 0: to the end of what is on disk now).
+	Open(id string, offset, limit int64) (io.ReadCloser, error)
+}
+
+// Dispatcher hands work to the runners and talks to them.
+type Dispatcher interface {
+	// Dispatch queues the work and returns its sequence in the work stream.
+	Dispatch(ctx context.Context, w *proto.Work) (uint64, error)
+	// Withdraw removes queued work that no runner took yet. It reports false when it was already taken.
+	Withdraw(ctx context.Context, seq uint64) (bool, error)
+	// Control sends a request to one runner and returns its reply.
+	Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error)
+}

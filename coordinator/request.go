@@ -1,0 +1,93 @@
+package coordinator
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Bounds of a start request. They are documented in docs/limits.md.
+const (
+	MaxBlockUntil    = 10 * time.Minute
+	MaxWaitTimeout   = 7140 * time.Second
+	DefaultWait      = 30 * time.Second
+	MinMemoryBytes   = 4 << 20
+	MinCPUMillicores = 10
+	// MaxReplyOutput is the most output a start or wait reply carries inline; the rest is in the file.
+	MaxReplyOutput = 1 << 20
+)
+
+// StartRequest asks for a job.
+type StartRequest struct {
+	Command    string
+	Cwd        string
+	Title      string
+	Env        map[string]string
+	Readonly   bool
+	Pool       string
+	Session    string
+	Limits     Limits
+	BlockUntil time.Duration
+}
+
+// validate checks every field, naming the first one that is wrong, and fills defaults.
+func (r *StartRequest) validate(checkCwd bool) error {
+	if strings.TrimSpace(r.Command) == "" {
+		return Errorf(EINVALID, "command is required and must not be blank.")
+	}
+	if len(r.Command) > proto.MaxCommandBytes {
+		return Errorf(EINVALID, "command is %d bytes; the limit is %d.", len(r.Command), proto.MaxCommandBytes)
+	}
+	if strings.IndexByte(r.Command, 0) >= 0 {
+		return Errorf(EINVALID, "command must not contain a NUL byte.")
+	}
+	if r.Cwd == "" {
+		return Errorf(EINVALID, "cwd is required: give the absolute directory the command runs in.")
+	}
+	if !filepath.IsAbs(r.Cwd) || len(r.Cwd) > proto.MaxPathBytes || strings.IndexByte(r.Cwd, 0) >= 0 {
+		return Errorf(EINVALID, "cwd %q must be an absolute path.", r.Cwd)
+	}
+	r.Cwd = filepath.Clean(r.Cwd)
+	if checkCwd {
+		if fi, err := os.Stat(r.Cwd); err != nil || !fi.IsDir() {
+			return Errorf(EINVALID, "cwd %q is not an existing directory.", r.Cwd)
+		}
+	}
+	if len(r.Title) > proto.MaxTitleBytes {
+		return Errorf(EINVALID, "title is %d bytes; the limit is %d.", len(r.Title), proto.MaxTitleBytes)
+	}
+	if r.Title == "" {
+		r.Title = DefaultTitle(r.Command)
+	}
+	if err := proto.ValidateEnv(r.Env); err != nil {
+		return Errorf(EINVALID, "env: %s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
+	}
+	if r.Pool == "" {
+		r.Pool = "default"
+	}
+	if !proto.ValidToken(r.Pool) {
+		return Errorf(EINVALID, "pool %q must be 1-64 characters of letters, digits, '_' and '-'.", r.Pool)
+	}
+	if r.Session == "" {
+		r.Session = "default"
+	}
+	if !proto.ValidToken(r.Session) {
+		return Errorf(EINVALID, "session %q must be 1-64 characters of letters, digits, '_' and '-'.", r.Session)
+	}
+	if err := r.Limits.Validate(); err != nil {
+		return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
+	}
+	if m := r.Limits.MemoryBytes; m != 0 && m < MinMemoryBytes {
+		return Errorf(EINVALID, "limits.memory_bytes %d is below the minimum of %d.", m, MinMemoryBytes)
+	}
+	if c := r.Limits.CPUMillicores; c != 0 && c < MinCPUMillicores {
+		return Errorf(EINVALID, "limits.cpu_millicores %d is below the minimum of %d.", c, MinCPUMillicores)
+	}
+	if r.BlockUntil < 0 || r.BlockUntil > MaxBlockUntil {
+		return Errorf(EINVALID, "block_until_ms must be between 0 and %d.", MaxBlockUntil.Milliseconds())
+	}
+	return nil
+}

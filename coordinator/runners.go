@@ -1,0 +1,65 @@
+package coordinator
+
+import (
+	"sort"
+	"time"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Runner is what the coordinator knows of a runner from its heartbeats.
+type Runner struct {
+	ID             string            `json:"id"`
+	Pool           string            `json:"pool"`
+	Slots          int               `json:"slots"`
+	Running        int               `json:"running"`
+	Readonly       bool              `json:"readonly"`
+	ReadonlyReason string            `json:"readonly_reason,omitempty"`
+	Cgroup         string            `json:"cgroup"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	LastSeen       time.Time         `json:"last_seen"`
+	Version        string            `json:"version"`
+	Boot           time.Time         `json:"boot"`
+}
+
+// HandleHeartbeat records a runner's heartbeat. A new boot time means the runner restarted: the jobs
+// it had taken before are lost (markLost ends them).
+func (s *Service) HandleHeartbeat(h *proto.Heartbeat) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.runners[h.Runner] = &Runner{
+		ID: h.Runner, Pool: h.Pool, Slots: h.Slots, Running: h.Running, Readonly: h.Readonly,
+		ReadonlyReason: h.ReadonlyReason, Cgroup: h.Cgroup, Labels: h.Labels, LastSeen: s.cfg.Now(),
+		Version: h.Version, Boot: h.Boot,
+	}
+}
+
+// Runners lists the live runners by id.
+func (s *Service) Runners() []Runner {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Runner, 0, len(s.runners))
+	for _, r := range s.runners {
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
+	return out
+}
+
+// readonlyAvailable fails unless a live runner of the pool passed its sandbox probe. A readonly job
+// must never wait for, or run on, a runner that cannot confine it.
+func (s *Service) readonlyAvailable(pool string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reason := "no runner of pool " + pool + " is connected"
+	for _, r := range s.runners {
+		if r.Pool != pool {
+			continue
+		}
+		if r.Readonly {
+			return nil
+		}
+		reason = "runner " + r.ID + ": " + r.ReadonlyReason
+	}
+	return Errorf(EREADONLYUNAVAILABLE, "No runner can run readonly jobs (%s).", reason)
+}

@@ -1,0 +1,603 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Config holds the coordinator's settings; the zero value of each field means its default.
+type Config struct {
+	// CheckCwd makes Start refuse a cwd that does not exist here: set it when the coordinator shares
+	// the runners' file system (sbx serve).
+	CheckCwd bool
+	// DefaultOutputBytes caps a job's output when the request sets no cap (default 1 GiB).
+	DefaultOutputBytes int64
+	// RunnerDeadline is how long a runner may stay silent before it is gone and its jobs lost (15 s).
+	RunnerDeadline time.Duration
+	// StartDeadline is how long a taken job may wait for its start event before it is lost (60 s).
+	StartDeadline time.Duration
+	// HeaderInterval is how often a running job's running_for_ms is rewritten (5 s).
+	HeaderInterval time.Duration
+	Now            func() time.Time
+	Logger         *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.DefaultOutputBytes == 0 {
+		c.DefaultOutputBytes = 1 << 30
+	}
+	if c.RunnerDeadline == 0 {
+		c.RunnerDeadline = 15 * time.Second
+	}
+	if c.StartDeadline == 0 {
+		c.StartDeadline = 60 * time.Second
+	}
+	if c.HeaderInterval == 0 {
+		c.HeaderInterval = 5 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Service is the coordinator: it starts jobs, applies the runners' events to them and answers
+// questions about them. Events are applied by one goroutine (the event consumer); API calls come
+// concurrently.
+type Service struct {
+	cfg   Config
+	jobs  JobStore
+	out   OutputStore
+	disp  Dispatcher
+	start time.Time
+
+	mu      sync.Mutex
+	live    map[string]*liveJob // every job not yet ended
+	runners map[string]*Runner
+	stats   Stats
+}
+
+// liveJob is the in-memory state of a job that has not ended.
+type liveJob struct {
+	job     *Job
+	size    int64         // body bytes written so far
+	changed chan struct{} // closed and replaced at every change
+}
+
+func (l *liveJob) notify() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// New returns a Service. It loads the unfinished jobs of an earlier life from the store.
+func New(ctx context.Context, cfg Config, jobs JobStore, out OutputStore, disp Dispatcher) (*Service, error) {
+	cfg.setDefaults()
+	s := &Service{
+		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
+		live: map[string]*liveJob{}, runners: map[string]*Runner{},
+	}
+	unfinished, err := jobs.UnfinishedJobs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, j := range unfinished {
+		size, err := out.Size(j.ID)
+		if err != nil {
+			return nil, err
+		}
+		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{})}
+	}
+	return s, nil
+}
+
+// StartResult is the reply to a start.
+type StartResult struct {
+	Job          *Job
+	Output       []byte
+	Backgrounded bool
+}
+
+// Start validates the request, records the job, queues it and, when asked, waits for it to end.
+func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, error) {
+	if err := req.validate(s.cfg.CheckCwd); err != nil {
+		return nil, err
+	}
+	if req.Readonly {
+		if err := s.readonlyAvailable(req.Pool); err != nil {
+			return nil, err
+		}
+	}
+	now := s.cfg.Now()
+	job := &Job{
+		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Cwd: req.Cwd,
+		Readonly: req.Readonly, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+	}
+	if job.Limits.OutputBytes == 0 {
+		job.Limits.OutputBytes = s.cfg.DefaultOutputBytes
+	}
+	job.OutputPath = s.out.Path(job.ID)
+	work := &proto.Work{
+		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
+		Readonly: job.Readonly, Pool: job.Pool, Limits: job.Limits,
+	}
+
+	s.mu.Lock()
+	if err := s.jobs.PutJob(ctx, job); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	l := &liveJob{job: job, changed: make(chan struct{})}
+	s.live[job.ID] = l
+	s.stats.JobsStarted++
+	s.mu.Unlock()
+
+	seq, err := s.disp.Dispatch(ctx, work)
+	if err != nil {
+		s.mu.Lock()
+		job.end(s.cfg.Now(), proto.ReasonStartFailed, nil)
+		job.Error = "The job could not be queued: " + err.Error()
+		s.finishLocked(ctx, l)
+		s.mu.Unlock()
+		return nil, Errorf(EUNAVAILABLE, "The job could not be queued; is NATS reachable?")
+	}
+	s.mu.Lock()
+	job.WorkSeq = seq // persisted with the job's next change
+	s.mu.Unlock()
+
+	res := &StartResult{Job: s.snapshot(job.ID, job)}
+	if req.BlockUntil > 0 {
+		w, err := s.Wait(ctx, job.ID, req.BlockUntil, nil)
+		if err != nil {
+			return nil, err
+		}
+		res.Job = w.Job
+	}
+	res.Backgrounded = !res.Job.Status.Ended()
+	res.Output, err = s.tail(res.Job.ID, MaxReplyOutput)
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// snapshot returns a copy of the job that the caller may keep: the live job keeps changing.
+func (s *Service) snapshot(id string, fallback *Job) *Job {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l, ok := s.live[id]; ok {
+		j := *l.job
+		return &j
+	}
+	j := *fallback
+	return &j
+}
+
+// Job returns a job by id.
+func (s *Service) Job(ctx context.Context, id string) (*Job, error) {
+	j, _, _, err := s.watch(ctx, id)
+	return j, err
+}
+
+// Jobs lists jobs, newest first.
+func (s *Service) Jobs(ctx context.Context, f JobFilter) ([]*Job, error) {
+	if f.Status != "" && !f.Status.Valid() {
+		return nil, Errorf(EINVALID, "status %q is not one of queued, running, succeeded, failed, aborted.", f.Status)
+	}
+	if f.Limit < 0 || f.Limit > 1000 {
+		return nil, Errorf(EINVALID, "limit must be between 1 and 1000.")
+	}
+	if f.Limit == 0 {
+		f.Limit = 100
+	}
+	jobs, err := s.jobs.Jobs(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	for i, j := range jobs {
+		jobs[i] = s.snapshot(j.ID, j)
+	}
+	return jobs, nil
+}
+
+// watch returns the job's current state, its body size and a channel closed at its next change;
+// the channel is nil once the job has ended.
+func (s *Service) watch(ctx context.Context, id string) (*Job, int64, <-chan struct{}, error) {
+	s.mu.Lock()
+	if l, ok := s.live[id]; ok {
+		j := *l.job
+		size, ch := l.size, l.changed
+		s.mu.Unlock()
+		return &j, size, ch, nil
+	}
+	s.mu.Unlock()
+	if !proto.ValidToken(id) {
+		return nil, 0, nil, Errorf(ENOTFOUND, "Job %q does not exist.", id)
+	}
+	j, err := s.jobs.Job(ctx, id)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	return j, j.OutputBytes, nil, nil
+}
+
+// WaitResult is what a wait saw.
+type WaitResult struct {
+	Job            *Job
+	Done           bool
+	PatternMatched bool
+}
+
+// Wait returns when the job ends, when pattern (if any) matches its output so far, or after timeout.
+func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pattern *regexp.Regexp) (*WaitResult, error) {
+	if timeout < 0 || timeout > MaxWaitTimeout {
+		return nil, Errorf(EINVALID, "timeout_ms must be between 0 and %d.", MaxWaitTimeout.Milliseconds())
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var scan *scanner
+	if pattern != nil {
+		scan = &scanner{re: pattern}
+	}
+	for {
+		job, size, changed, err := s.watch(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if scan != nil {
+			matched, err := scan.advance(s.out, id, size)
+			if err != nil {
+				return nil, err
+			}
+			if matched {
+				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true}, nil
+			}
+		}
+		if changed == nil {
+			return &WaitResult{Job: job, Done: true}, nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return &WaitResult{Job: job}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// tail returns up to limit bytes of the end of a job's output.
+func (s *Service) tail(id string, limit int64) ([]byte, error) {
+	_, size, _, err := s.watch(context.Background(), id)
+	if err != nil {
+		return nil, err
+	}
+	off := max(0, size-limit)
+	rc, err := s.out.Open(id, off, size-off)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	return io.ReadAll(rc)
+}
+
+// Output returns a reader of the job's body from offset, at most limit bytes (limit < 0: all there is
+// now), and the body's size now.
+func (s *Service) Output(ctx context.Context, id string, offset, limit int64) (io.ReadCloser, int64, error) {
+	if offset < 0 {
+		return nil, 0, Errorf(EINVALID, "offset must not be negative.")
+	}
+	_, size, _, err := s.watch(ctx, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	if offset > size {
+		offset = size
+	}
+	n := size - offset
+	if limit >= 0 && limit < n {
+		n = limit
+	}
+	rc, err := s.out.Open(id, offset, n)
+	return rc, size, err
+}
+
+// Follow writes the job's body from offset to w as it grows, until the job ends and everything is
+// written, or ctx ends. flush is called after each write.
+func (s *Service) Follow(ctx context.Context, id string, offset int64, w io.Writer, flush func()) error {
+	if offset < 0 {
+		return Errorf(EINVALID, "offset must not be negative.")
+	}
+	for {
+		_, size, changed, err := s.watch(ctx, id)
+		if err != nil {
+			return err
+		}
+		if size > offset {
+			rc, err := s.out.Open(id, offset, size-offset)
+			if err != nil {
+				return err
+			}
+			n, err := io.Copy(w, rc)
+			rc.Close()
+			offset += n
+			if err != nil {
+				return err
+			}
+			flush()
+		}
+		if changed == nil {
+			if offset >= size {
+				return nil
+			}
+			continue
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// Kill stops a job: a queued one is withdrawn, a running one is signalled by its runner. Killing an
+// ended job is a conflict.
+func (s *Service) Kill(ctx context.Context, id, signal string) error {
+	op := proto.OpKill
+	switch signal {
+	case "", "TERM", "KILL":
+	default:
+		if _, ok := proto.Signals[signal]; !ok {
+			return Errorf(EINVALID, "signal %q is not one of HUP INT QUIT KILL USR1 USR2 TERM CONT STOP.", signal)
+		}
+		op = proto.OpSignal
+	}
+	s.mu.Lock()
+	l, ok := s.live[id]
+	if !ok {
+		s.mu.Unlock()
+		if _, _, _, err := s.watch(ctx, id); err != nil {
+			return err
+		}
+		return Errorf(ECONFLICT, "Job %s has already ended.", id)
+	}
+	runner, seq := l.job.Runner, l.job.WorkSeq
+	s.mu.Unlock()
+
+	if runner == "" && op == proto.OpKill {
+		withdrawn, err := s.disp.Withdraw(ctx, seq)
+		if err != nil {
+			return err
+		}
+		if withdrawn {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if l, ok := s.live[id]; ok && l.job.Runner == "" {
+				l.job.end(s.cfg.Now(), proto.ReasonKilled, nil)
+				s.finishLocked(ctx, l)
+			}
+			return nil
+		}
+		// A runner took it in the meantime; its accepted event names it shortly.
+		for runner == "" {
+			select {
+			case <-time.After(20 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			j, _, changed, err := s.watch(ctx, id)
+			if err != nil {
+				return err
+			}
+			if changed == nil {
+				return Errorf(ECONFLICT, "Job %s has already ended.", id)
+			}
+			runner = j.Runner
+		}
+	}
+	if runner == "" {
+		return Errorf(ECONFLICT, "Job %s is queued; only kill can stop it before it starts.", id)
+	}
+	reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: op, JobID: id, Signal: signal})
+	if err != nil {
+		return Errorf(EUNAVAILABLE, "Runner %s did not answer: %v.", runner, err)
+	}
+	if reply.Code != proto.ReplyOK && reply.Code != proto.ReplyUnknownJob {
+		return Errorf(EINTERNAL, "Runner %s refused: %s.", runner, reply.Message)
+	}
+	return nil
+}
+
+// HandleEvent applies a runner's state event. It returns only after the change is stored.
+func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Events++
+	l, ok := s.live[e.JobID]
+	if !ok {
+		// An ended or unknown job. A start after the end (killed while being taken, or lost and
+		// then found) must not leave a process running.
+		if e.Kind == proto.EventAccepted || e.Kind == proto.EventStarted {
+			go s.stopStray(e.Runner, e.JobID)
+		}
+		return nil
+	}
+	j := l.job
+	at := e.Time
+	switch e.Kind {
+	case proto.EventAccepted:
+		if j.Status != StatusQueued {
+			return nil
+		}
+		j.Runner = e.Runner
+		j.AcceptedAt = &at
+	case proto.EventStarted:
+		if j.Status != StatusQueued {
+			return nil
+		}
+		j.Runner, j.Pid, j.Status, j.StartedAt = e.Runner, e.Pid, StatusRunning, &at
+		if j.AcceptedAt == nil {
+			j.AcceptedAt = &at
+		}
+		if err := s.out.Begin(j); err != nil {
+			return err
+		}
+	case proto.EventExited:
+		j.Runner = e.Runner
+		j.OutputBytes = e.OutputBytes
+		j.Signal = e.Signal
+		j.Error = e.Error
+		j.Usage = e.Usage
+		j.end(at, e.Reason, e.ExitCode)
+		return s.finishLocked(ctx, l)
+	}
+	if err := s.jobs.PutJob(ctx, j); err != nil {
+		return err
+	}
+	l.notify()
+	return nil
+}
+
+// finishLocked writes an ended job's footer and record and wakes its waiters. s.mu is held.
+func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
+	j := l.job
+	if j.OutputBytes < l.size {
+		j.OutputBytes = l.size
+	}
+	if j.StartedAt == nil {
+		if err := s.out.Begin(j); err != nil {
+			return err
+		}
+	}
+	if err := s.out.End(j); err != nil {
+		return err
+	}
+	if err := s.jobs.PutJob(ctx, j); err != nil {
+		return err
+	}
+	delete(s.live, j.ID)
+	s.stats.JobsEnded[j.Status]++
+	l.notify()
+	return nil
+}
+
+// stopStray asks a runner to kill a job the coordinator already considers ended.
+func (s *Service) stopStray(runner, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpKill, JobID: id}); err != nil {
+		s.cfg.Logger.Warn("stop stray job", "job", id, "runner", runner, "err", err)
+	}
+}
+
+// ErrNotReady is returned by HandleChunk for output that cannot be placed yet; the event is retried.
+var ErrNotReady = errors.New("coordinator: job not started yet")
+
+// HandleChunk writes a piece of output into the job's terminal file. It returns only after the bytes
+// are written.
+func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
+	s.mu.Lock()
+	l, ok := s.live[c.JobID]
+	if ok && l.job.StartedAt == nil {
+		s.mu.Unlock()
+		return ErrNotReady
+	}
+	s.mu.Unlock()
+	if !ok {
+		// A redelivered chunk of an ended job is still written when it lies inside the output.
+		j, err := s.jobs.Job(ctx, c.JobID)
+		if err != nil || c.Offset+int64(len(c.Data)) > j.OutputBytes {
+			return nil
+		}
+		return s.out.Write(c.JobID, c.Offset, c.Data)
+	}
+	if err := s.out.Write(c.JobID, c.Offset, c.Data); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.OutputBytes += int64(len(c.Data))
+	if end := c.Offset + int64(len(c.Data)); end > l.size {
+		l.size = end
+		l.notify()
+	}
+	return nil
+}
+
+// Run does the coordinator's periodic work until ctx ends: it rewrites running jobs' headers and
+// marks the jobs of silent runners lost.
+func (s *Service) Run(ctx context.Context) {
+	header := time.NewTicker(s.cfg.HeaderInterval)
+	defer header.Stop()
+	check := time.NewTicker(time.Second)
+	defer check.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-header.C:
+			s.touchHeaders()
+		case <-check.C:
+			s.markLost(ctx)
+		}
+	}
+}
+
+func (s *Service) touchHeaders() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	for _, l := range s.live {
+		if l.job.Status == StatusRunning {
+			if err := s.out.Touch(l.job, now.Sub(*l.job.StartedAt)); err != nil {
+				s.cfg.Logger.Warn("rewrite header", "job", l.job.ID, "err", err)
+			}
+		}
+	}
+}
+
+// markLost ends, as lost, the jobs of runners that went silent or restarted and the jobs taken but
+// never started.
+func (s *Service) markLost(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	for id, r := range s.runners {
+		if now.Sub(r.LastSeen) > s.cfg.RunnerDeadline {
+			s.cfg.Logger.Warn("runner gone", "runner", id, "last_seen", r.LastSeen)
+			delete(s.runners, id)
+		}
+	}
+	for _, l := range s.live {
+		j := l.job
+		if j.Runner == "" {
+			continue
+		}
+		r, known := s.runners[j.Runner]
+		var why string
+		switch {
+		case !known && now.Sub(s.start) > s.cfg.RunnerDeadline:
+			why = "its runner " + j.Runner + " stopped sending heartbeats"
+		case known && j.AcceptedAt != nil && j.AcceptedAt.Before(r.Boot):
+			why = "its runner " + j.Runner + " restarted"
+		case j.StartedAt == nil && j.AcceptedAt != nil && now.Sub(*j.AcceptedAt) > s.cfg.StartDeadline:
+			why = "it was taken by runner " + j.Runner + " but never started"
+		default:
+			continue
+		}
+		j.Error = "Lost: " + why + "."
+		j.end(now, proto.ReasonLost, nil)
+		if err := s.finishLocked(ctx, l); err != nil {
+			s.cfg.Logger.Error("mark job lost", "job", j.ID, "err", err)
+		}
+	}
+}
+
