@@ -1,0 +1,147 @@
+// Package natsbus is the coordinator's NATS side: it creates the streams, queues work, withdraws it,
+// sends control requests to runners and feeds the runners' events and heartbeats to the coordinator.
+package natsbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Config sizes the streams; zero fields take their defaults.
+type Config struct {
+	// Replicas of each stream on a NATS cluster (1).
+	Replicas int
+	// EventBytes bounds the event stream (2 GiB). When it is full runners stop reading their jobs'
+	// output until the coordinator catches up: nothing is dropped.
+	EventBytes int64
+	// WorkMessages bounds the number of queued jobs (100000).
+	WorkMessages int64
+	// ControlTimeout bounds a control request to a runner (5 s).
+	ControlTimeout time.Duration
+	Logger         *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.EventBytes == 0 {
+		c.EventBytes = 2 << 30
+	}
+	if c.WorkMessages == 0 {
+		c.WorkMessages = 100_000
+	}
+	if c.ControlTimeout == 0 {
+		c.ControlTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Bus implements coordinator.Dispatcher over NATS JetStream.
+type Bus struct {
+	cfg    Config
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	work   jetstream.Stream
+	events jetstream.Stream
+}
+
+var _ coordinator.Dispatcher = (*Bus)(nil)
+
+// New creates or updates the streams and returns a Bus.
+func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
+	cfg.setDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	work, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       proto.WorkStream,
+		Subjects:   []string{proto.WorkSubjects},
+		Retention:  jetstream.WorkQueuePolicy,
+		Storage:    jetstream.FileStorage,
+		Replicas:   cfg.Replicas,
+		MaxMsgs:    cfg.WorkMessages,
+		MaxMsgSize: proto.MaxMessageBytes,
+		Discard:    jetstream.DiscardNew,
+		Duplicates: 2 * time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create stream %s: %w", proto.WorkStream, err)
+	}
+	events, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       proto.EventStream,
+		Subjects:   []string{proto.EventSubjects},
+		Retention:  jetstream.WorkQueuePolicy,
+		Storage:    jetstream.FileStorage,
+		Replicas:   cfg.Replicas,
+		MaxBytes:   cfg.EventBytes,
+		MaxMsgSize: proto.MaxMessageBytes,
+		Discard:    jetstream.DiscardNew,
+		Duplicates: 2 * time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create stream %s: %w", proto.EventStream, err)
+	}
+	return &Bus{cfg: cfg, nc: nc, js: js, work: work, events: events}, nil
+}
+
+// Ready reports whether the NATS connection is up.
+func (b *Bus) Ready(context.Context) error {
+	if !b.nc.IsConnected() {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "NATS is not connected (%s).", b.nc.Status())
+	}
+	return nil
+}
+
+// Dispatch queues work on its pool's subject, de-duplicated by job id.
+func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
+	capability := proto.CapPlain
+	if w.Readonly {
+		capability = proto.CapReadonly
+	}
+	msg := &nats.Msg{Subject: proto.WorkSubject(w.Pool, capability), Data: proto.Encode(w), Header: nats.Header{}}
+	msg.Header.Set(proto.HeaderVersion, fmt.Sprint(proto.Version))
+	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(w.JobID))
+	if err != nil {
+		return 0, fmt.Errorf("queue job %s: %w", w.JobID, err)
+	}
+	return ack.Sequence, nil
+}
+
+// Withdraw deletes queued work. It reports false when a runner already took it.
+func (b *Bus) Withdraw(ctx context.Context, seq uint64) (bool, error) {
+	if seq == 0 {
+		return false, nil
+	}
+	err := b.work.DeleteMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("withdraw work %d: %w", seq, err)
+	}
+	return true, nil
+}
+
+// Control sends a request to a runner and decodes its reply.
+func (b *Bus) Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.ControlTimeout)
+	defer cancel()
+	msg, err := b.nc.RequestWithContext(ctx, proto.ControlSubject(runner), proto.Encode(c))
+	if err != nil {
+		return nil, fmt.Errorf("control %s: %w", runner, err)
+	}
+	return proto.DecodeControlReply(msg.Data)
+}

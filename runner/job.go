@@ -1,0 +1,261 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sbx-dev/sbx/proto"
+	"github.com/sbx-dev/sbx/sandbox"
+)
+
+// finalPublishWindow is how long a runner that is shutting down keeps trying to report its jobs' ends.
+const finalPublishWindow = 10 * time.Second
+
+// job is one job this runner took.
+type job struct {
+	id string
+
+	mu     sync.Mutex
+	proc   *sandbox.Process // nil until started
+	reason string           // why the runner stopped it; "" while it was not stopped
+	why    string
+}
+
+// stop ends the job for a reason; the first reason given is the one reported.
+func (j *job) stop(reason, why string) {
+	j.mu.Lock()
+	if j.reason == "" {
+		j.reason, j.why = reason, why
+	}
+	p := j.proc
+	j.mu.Unlock()
+	if p != nil {
+		_ = p.Kill() // an error means the process is already gone
+	}
+}
+
+// signal sends a signal to the job's process group.
+func (j *job) signal(sig syscall.Signal) error {
+	j.mu.Lock()
+	p := j.proc
+	j.mu.Unlock()
+	if p == nil {
+		return fmt.Errorf("job %s has not started", j.id)
+	}
+	return p.Signal(sig)
+}
+
+// run takes one work message: it announces the job, acks the message (a command starts at most once),
+// starts the process, streams its output and reports its end.
+func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
+	w, err := proto.DecodeWork(msg.Data())
+	if err != nil {
+		r.cfg.Logger.Error("dropping undecodable work", "subject", msg.Subject(), "err", err)
+		_ = msg.Term()
+		return
+	}
+	log := r.cfg.Logger.With("job", w.JobID)
+	j := &job{id: w.JobID}
+	r.mu.Lock()
+	r.jobs[j.id] = j
+	r.mu.Unlock()
+	defer r.forget(j.id)
+
+	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventAccepted, JobID: j.id}); err != nil {
+		log.Warn("announce job", "err", err)
+		_ = msg.Nak()
+		return
+	}
+	if err := msg.DoubleAck(ctx); err != nil {
+		// Not acked: another runner may take it. Starting it here too could run it twice.
+		log.Warn("ack work", "err", err)
+		return
+	}
+	// From here on the job is ours: report its end even when the runner is stopping.
+	final := context.WithoutCancel(ctx)
+
+	j.mu.Lock()
+	stoppedEarly := j.reason
+	j.mu.Unlock()
+	if stoppedEarly != "" {
+		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Reason: stoppedEarly, Error: j.why})
+		return
+	}
+	proc, err := r.start(w)
+	if err != nil {
+		log.Warn("start job", "err", err)
+		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Reason: proto.ReasonStartFailed, Error: err.Error()})
+		return
+	}
+	j.mu.Lock()
+	j.proc = proc
+	stoppedEarly = j.reason
+	j.mu.Unlock()
+	if stoppedEarly != "" {
+		_ = proc.Kill()
+	}
+	if w.Limits.TimeoutMS > 0 {
+		timer := time.AfterFunc(time.Duration(w.Limits.TimeoutMS)*time.Millisecond, func() {
+			j.stop(proto.ReasonTimeout, fmt.Sprintf("timed out after %d ms", w.Limits.TimeoutMS))
+		})
+		defer timer.Stop()
+	}
+
+	waited := make(chan sandbox.Result, 1)
+	go func() {
+		res, err := proc.Wait()
+		if err != nil {
+			log.Warn("clean up job", "err", err)
+		}
+		waited <- res
+	}()
+	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventStarted, JobID: j.id, Pid: proc.Pid()}); err != nil {
+		j.stop(proto.ReasonKilled, "the runner lost its connection to NATS")
+	}
+	written := r.pump(ctx, j, proc, w.Limits.OutputBytes, log)
+	res := <-waited
+
+	j.mu.Lock()
+	reason, why := j.reason, j.why
+	j.mu.Unlock()
+	switch {
+	case reason != "":
+	case res.OOMKilled:
+		reason, why = proto.ReasonOOM, "the memory limit was reached"
+	case res.Signal != 0:
+		reason = proto.ReasonSignal
+	default:
+		reason = proto.ReasonExit
+	}
+	code := res.ExitCode
+	r.publishEnd(ctx, final, &proto.Event{
+		Kind: proto.EventExited, JobID: j.id, ExitCode: &code, Signal: res.Signal, Reason: reason, Error: why,
+		OutputBytes: written,
+		Usage:       &proto.Usage{CPUMS: res.CPU.Milliseconds(), MemoryPeakBytes: res.MemoryPeak},
+	})
+}
+
+// start starts the job's shell in its cgroup.
+func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
+	if fi, err := os.Stat(w.Cwd); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("cwd %s is not a directory on runner %s", w.Cwd, r.cfg.ID)
+	}
+	return r.mgr.Start(sandbox.Spec{
+		ID:        w.JobID,
+		Path:      "/bin/sh",
+		Args:      []string{"sh", "-c", w.Command},
+		Dir:       w.Cwd,
+		Env:       r.environ(w.Env),
+		Resources: resources(w.Limits),
+	})
+}
+
+// environ is the runner's environment without SBX_* variables, overlaid with the job's own.
+func (r *Runner) environ(extra map[string]string) []string {
+	env := make([]string, 0, len(r.cfg.Environ)+len(extra))
+	for _, kv := range r.cfg.Environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, overridden := extra[k]; !strings.HasPrefix(k, "SBX_") && !overridden {
+			env = append(env, kv)
+		}
+	}
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+extra[k])
+	}
+	return env
+}
+
+// cpuPeriod is the CFS period used for CPU limits, in microseconds.
+const cpuPeriod = 100_000
+
+// resources turns a job's limits into OCI resources; nil when there are none.
+func resources(l proto.Limits) *specs.LinuxResources {
+	if l.MemoryBytes == 0 && l.CPUMillicores == 0 && l.Pids == 0 {
+		return nil
+	}
+	res := &specs.LinuxResources{}
+	if l.MemoryBytes > 0 {
+		m := l.MemoryBytes
+		res.Memory = &specs.LinuxMemory{Limit: &m, Swap: &m}
+	}
+	if l.CPUMillicores > 0 {
+		quota := l.CPUMillicores * cpuPeriod / 1000
+		period := uint64(cpuPeriod)
+		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	if l.Pids > 0 {
+		res.Pids = &specs.LinuxPids{Limit: &l.Pids}
+	}
+	return res
+}
+
+// publishEvent publishes a state event, retrying until it is stored or ctx ends.
+func (r *Runner) publishEvent(ctx context.Context, e *proto.Event) error {
+	e.V, e.Runner, e.Time = proto.Version, r.cfg.ID, time.Now()
+	msg := &nats.Msg{Subject: proto.StateSubject(e.JobID), Data: proto.Encode(e), Header: nats.Header{}}
+	msg.Header.Set(proto.HeaderMsgID, e.MsgID())
+	return r.publishSync(ctx, msg)
+}
+
+// forget drops a job from the runner's table: control requests no longer find it.
+func (r *Runner) forget(id string) {
+	r.mu.Lock()
+	delete(r.jobs, id)
+	r.mu.Unlock()
+}
+
+// publishEnd forgets the job and reports its end; once the runner is stopping it tries for
+// finalPublishWindow more.
+func (r *Runner) publishEnd(ctx, final context.Context, e *proto.Event) {
+	r.forget(e.JobID)
+	pctx, cancel := r.finalContext(ctx, final)
+	defer cancel()
+	if err := r.publishEvent(pctx, e); err != nil {
+		r.cfg.Logger.Error("report job end", "job", e.JobID, "err", err)
+	}
+}
+
+// finalContext is final while ctx lives, and final bounded by finalPublishWindow once ctx ended.
+func (r *Runner) finalContext(ctx, final context.Context) (context.Context, context.CancelFunc) {
+	pctx, cancel := context.WithCancel(final)
+	stop := context.AfterFunc(ctx, func() {
+		time.AfterFunc(finalPublishWindow, cancel)
+	})
+	return pctx, func() { stop(); cancel() }
+}
+
+// publishSync publishes one message and waits for the stream to store it, retrying with backoff.
+// The message's Nats-Msg-Id makes a retry of a stored message harmless.
+func (r *Runner) publishSync(ctx context.Context, msg *nats.Msg) error {
+	backoff := 50 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := r.js.PublishMsg(actx, msg)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		r.cfg.Logger.Warn("publish", "subject", msg.Subject, "err", err)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return fmt.Errorf("publish %s: %w", msg.Subject, err)
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}

@@ -1,0 +1,146 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sbx-dev/sbx/proto"
+	"github.com/sbx-dev/sbx/sandbox"
+)
+
+// deadliner is an output pipe whose reads can time out, so that small writes can be gathered.
+type deadliner interface {
+	SetReadDeadline(time.Time) error
+}
+
+// pump reads the job's output to EOF and publishes it in chunks of at most 64 KiB, in order, with
+// their byte offsets. It never drops a byte: while a chunk cannot be published it stops reading, and
+// the job blocks on write. Past limit bytes (when > 0) the job is stopped as output_limit and the
+// rest is read and discarded. It returns the number of bytes published.
+func (r *Runner) pump(ctx context.Context, j *job, proc *sandbox.Process, limit int64, log *slog.Logger) int64 {
+	out := proc.Output()
+	pctx, cancel := r.finalContext(ctx, context.WithoutCancel(ctx))
+	defer cancel()
+	pub := &publisher{r: r, ctx: pctx, log: log}
+	buf := make([]byte, proto.MaxChunkBytes)
+	var off int64
+	for {
+		n, err := r.read(out, buf)
+		data := buf[:n]
+		if limit > 0 && off+int64(n) > limit {
+			data = data[:limit-off]
+			j.stop(proto.ReasonOutputLimit, fmt.Sprintf("the output reached its limit of %d bytes", limit))
+		}
+		if len(data) > 0 {
+			c := &proto.Chunk{JobID: j.id, Offset: off, Data: append([]byte(nil), data...)}
+			if !pub.send(&nats.Msg{Subject: proto.OutputSubject(j.id), Data: c.Data, Header: nats.Header(c.Headers())}) {
+				j.stop(proto.ReasonKilled, "the runner could not publish the output")
+			}
+			off += int64(len(data))
+		}
+		if len(data) < n {
+			_, _ = io.Copy(io.Discard, out)
+			break
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				log.Warn("read output", "err", err)
+			}
+			break
+		}
+	}
+	pub.flush()
+	return off
+}
+
+// read reads at least one byte and then, for up to Coalesce, whatever else arrives, up to len(buf).
+func (r *Runner) read(out io.Reader, buf []byte) (int, error) {
+	n, err := out.Read(buf)
+	dl, ok := out.(deadliner)
+	if err != nil || !ok || n == len(buf) {
+		return n, err
+	}
+	if dl.SetReadDeadline(time.Now().Add(r.cfg.Coalesce)) != nil {
+		return n, nil
+	}
+	defer dl.SetReadDeadline(time.Time{})
+	for n < len(buf) {
+		m, err := out.Read(buf[n:])
+		n += m
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// publisher keeps up to PublishWindow chunks in flight and, when a publish fails, publishes it again
+// synchronously (the Nats-Msg-Id makes that harmless).
+type publisher struct {
+	r       *Runner
+	ctx     context.Context
+	log     *slog.Logger
+	pending []inflight
+	failed  bool
+}
+
+type inflight struct {
+	fut jetstream.PubAckFuture
+	msg *nats.Msg
+}
+
+// send publishes msg; it reports false once publishing has failed for good.
+func (p *publisher) send(msg *nats.Msg) bool {
+	for len(p.pending) >= p.r.cfg.PublishWindow {
+		p.settle()
+	}
+	if p.failed {
+		return false
+	}
+	fut, err := p.r.js.PublishMsgAsync(msg)
+	if err != nil {
+		p.retry(msg, err)
+		return !p.failed
+	}
+	p.pending = append(p.pending, inflight{fut, msg})
+	return !p.failed
+}
+
+// settle waits for the oldest publish.
+func (p *publisher) settle() {
+	f := p.pending[0]
+	p.pending = p.pending[1:]
+	select {
+	case <-f.fut.Ok():
+	case err := <-f.fut.Err():
+		p.retry(f.msg, err)
+	}
+}
+
+func (p *publisher) retry(msg *nats.Msg, cause error) {
+	if p.failed {
+		return
+	}
+	p.log.Warn("publish output", "err", cause)
+	if err := p.r.publishSync(p.ctx, msg); err != nil {
+		p.failed = true
+	}
+}
+
+// flush waits until every chunk is stored.
+func (p *publisher) flush() {
+	for len(p.pending) > 0 {
+		p.settle()
+	}
+}

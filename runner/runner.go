@@ -1,0 +1,270 @@
+// Package runner is the runner service: it takes work from JetStream while it has a free slot, runs
+// each job in its own cgroup through sandbox, streams the job's output and state into the event
+// stream, answers control requests and sends heartbeats.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sbx-dev/sbx/proto"
+	"github.com/sbx-dev/sbx/sandbox"
+)
+
+// Config configures a Runner; zero fields take their defaults.
+type Config struct {
+	// ID names the runner (default: the host name). It must be a subject token.
+	ID string
+	// Pool is the pool whose work it takes ("default").
+	Pool string
+	// Slots is how many jobs it runs at once (the number of CPUs... default 4).
+	Slots int
+	// Cgroup configures the runner's cgroups. Its Root (default "sbx") gets the runner id appended, so
+	// that runners sharing a machine never sweep each other's jobs.
+	Cgroup sandbox.Config
+	// Labels describe the runner in GET /v1/runners.
+	Labels map[string]string
+	// Version is reported in heartbeats.
+	Version string
+	// Environ is the environment plain jobs inherit (default os.Environ()); variables named SBX_*
+	// never reach a job.
+	Environ []string
+	// HeartbeatInterval is the time between heartbeats (2 s).
+	HeartbeatInterval time.Duration
+	// Coalesce is how long output is gathered into one chunk after its first byte (2 ms).
+	Coalesce time.Duration
+	// PublishWindow is the number of output chunks in flight before the runner waits for acks (64).
+	PublishWindow int
+	Logger        *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.ID == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("runner id: %w", err)
+		}
+		c.ID = strings.Map(func(r rune) rune {
+			if proto.ValidToken(string(r)) {
+				return r
+			}
+			return '-'
+		}, host)
+	}
+	if !proto.ValidToken(c.ID) {
+		return fmt.Errorf("runner id %q must be 1-64 characters of letters, digits, '_' and '-'", c.ID)
+	}
+	if c.Pool == "" {
+		c.Pool = "default"
+	}
+	if !proto.ValidToken(c.Pool) {
+		return fmt.Errorf("pool %q must be 1-64 characters of letters, digits, '_' and '-'", c.Pool)
+	}
+	if c.Slots == 0 {
+		c.Slots = 4
+	}
+	if c.Slots < 1 || c.Slots > 4096 {
+		return fmt.Errorf("slots %d must be between 1 and 4096", c.Slots)
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	if c.Environ == nil {
+		c.Environ = os.Environ()
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.Coalesce == 0 {
+		c.Coalesce = 2 * time.Millisecond
+	}
+	if c.PublishWindow == 0 {
+		c.PublishWindow = 64
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Runner runs jobs from one pool.
+type Runner struct {
+	cfg  Config
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	mgr  *sandbox.Manager
+	boot time.Time
+
+	slots chan struct{} // one token per running (or being started) job
+	wg    sync.WaitGroup
+
+	mu   sync.Mutex
+	jobs map[string]*job
+}
+
+// New returns a Runner with its cgroup root created. It takes no work until Run.
+func New(nc *nats.Conn, cfg Config) (*Runner, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if cfg.Cgroup.Root == "" {
+		cfg.Cgroup.Root = "sbx"
+	}
+	cfg.Cgroup.Root += "/" + cfg.ID
+	mgr, err := sandbox.NewManager(cfg.Cgroup)
+	if err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4*cfg.PublishWindow))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Runner{
+		cfg: cfg, nc: nc, js: js, mgr: mgr, boot: time.Now(),
+		slots: make(chan struct{}, cfg.Slots), jobs: map[string]*job{},
+	}, nil
+}
+
+// ID is the runner's id.
+func (r *Runner) ID() string { return r.cfg.ID }
+
+// Run sweeps the cgroups of an earlier life, registers the control service, heartbeats and runs work
+// until ctx ends; then it kills its jobs, reports their ends and returns.
+func (r *Runner) Run(ctx context.Context) error {
+	swept, err := r.mgr.Sweep()
+	if err != nil {
+		return fmt.Errorf("sweep cgroups: %w", err)
+	}
+	if swept > 0 {
+		r.cfg.Logger.Warn("killed jobs of an earlier life", "cgroups", swept)
+	}
+	svc, err := micro.AddService(r.nc, micro.Config{
+		Name:        proto.ServiceName,
+		Version:     "1.0.0",
+		Description: "sbx runner " + r.cfg.ID,
+		Metadata:    map[string]string{"runner": r.cfg.ID, "pool": r.cfg.Pool},
+		Endpoint: &micro.EndpointConfig{
+			Subject: proto.ControlSubject(r.cfg.ID),
+			Handler: micro.HandlerFunc(r.handleControl),
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("register service: %w", err)
+	}
+	defer svc.Stop()
+
+	cons, err := r.consumer(ctx, proto.CapPlain)
+	if err != nil {
+		return err
+	}
+	var loops sync.WaitGroup
+	loops.Add(2)
+	go func() { defer loops.Done(); r.heartbeat(ctx) }()
+	go func() { defer loops.Done(); r.take(ctx, cons) }()
+	<-ctx.Done()
+	loops.Wait()
+
+	r.mu.Lock()
+	for _, j := range r.jobs {
+		j.stop(proto.ReasonKilled, "the runner is shutting down")
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+	return nil
+}
+
+// consumer binds to the pool's shared work consumer for a capability, waiting for the coordinator to
+// create the work stream.
+func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Consumer, error) {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       proto.WorkConsumer(r.cfg.Pool, capability),
+		FilterSubject: proto.WorkSubject(r.cfg.Pool, capability),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+	}
+	for {
+		cons, err := r.js.CreateOrUpdateConsumer(ctx, proto.WorkStream, cfg)
+		if err == nil {
+			return cons, nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("bind work consumer: %w", err)
+		}
+		r.cfg.Logger.Info("waiting for the coordinator to create the work stream")
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// take pulls one message at a time, only while a slot is free, and starts a job for each.
+func (r *Runner) take(ctx context.Context, cons jetstream.Consumer) {
+	for {
+		select {
+		case r.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		fetchCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		msg, err := cons.Next(jetstream.FetchContext(fetchCtx))
+		cancel()
+		if err != nil {
+			<-r.slots
+			if ctx.Err() != nil {
+				return
+			}
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+				r.cfg.Logger.Warn("fetch work", "err", err)
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+					return
+				}
+			}
+			continue
+		}
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			defer func() { <-r.slots }()
+			r.run(ctx, msg)
+		}()
+	}
+}
+
+// heartbeat announces the runner until ctx ends.
+func (r *Runner) heartbeat(ctx context.Context) {
+	t := time.NewTicker(r.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		r.mu.Lock()
+		running := len(r.jobs)
+		r.mu.Unlock()
+		hb := &proto.Heartbeat{
+			V: proto.Version, Runner: r.cfg.ID, Pool: r.cfg.Pool, Slots: r.cfg.Slots, Running: min(running, r.cfg.Slots),
+			Readonly: false, ReadonlyReason: "readonly jobs are not supported by this runner yet",
+			Cgroup: r.mgr.Describe(), Labels: r.cfg.Labels, Version: r.cfg.Version, Boot: r.boot, Time: time.Now(),
+		}
+		if err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb)); err != nil {
+			r.cfg.Logger.Warn("heartbeat", "err", err)
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
