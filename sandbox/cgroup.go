@@ -1,0 +1,233 @@
+package sandbox
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// killTimeout bounds how long killing a cgroup may take before it is reported as stuck; a task in
+// uninterruptible sleep (e.g. on a dead NFS server) can outlast any SIGKILL.
+const killTimeout = 10 * time.Second
+
+// group is one job's cgroup (one directory on v2, one per controller hierarchy on v1).
+type group interface {
+	// prepare makes cmd start its process inside the group. started must be called with cmd.Start's
+	// result; it releases what prepare opened and returns the final start error.
+	prepare(cmd *exec.Cmd) (started func(error) error, err error)
+	// kill kills every process in the group and waits, bounded, until it is empty.
+	kill() error
+	// usage reads the accounting; counters a kernel or hierarchy lacks read as zero.
+	usage() (usage, error)
+	// remove removes the group's directories; a group already gone is not an error.
+	remove() error
+}
+
+// usage is what a group accounted for the job.
+type usage struct {
+	cpu        time.Duration
+	memoryPeak uint64
+	oomKilled  bool
+}
+
+// writeValue writes value to an existing control file; unlike os.WriteFile it never creates one.
+func writeValue(path, value string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// readUint reads a control file holding one number; a missing file reads as 0.
+func readUint(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", path, err)
+	}
+	return n, nil
+}
+
+// readKey reads key's value from a flat-keyed control file ("key value" lines); a missing file or
+// key reads as 0.
+func readKey(path, key string) (uint64, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || k != key {
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parse %s %s: %w", path, key, err)
+		}
+		return n, nil
+	}
+	return 0, sc.Err()
+}
+
+// removed reports whether err means the cgroup is gone or going: ENODEV comes from a control file
+// whose directory is being removed.
+func removed(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENODEV)
+}
+
+// exists reports whether a control file is present; some depend on kernel options (swap accounting).
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// readPids lists the processes in dir and in every cgroup below it. A cgroup that is gone holds none.
+func readPids(dir string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if removed(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("parse %s/cgroup.procs: %w", dir, err)
+		}
+		pids = append(pids, pid)
+	}
+	subs, err := subdirs(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, sub := range subs {
+		more, err := readPids(filepath.Join(dir, sub))
+		if err != nil {
+			return nil, err
+		}
+		pids = append(pids, more...)
+	}
+	return pids, nil
+}
+
+// subdirs lists the child cgroups of dir; a dir that is gone has none.
+func subdirs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if removed(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+// killAll SIGKILLs the processes pids lists until there are none. freeze, when not nil, stops the
+// group around each listing so that no process forks or exits — and so no pid is reused — between
+// reading a pid and killing it; the killed processes die once thawed. An empty group is left alone:
+// nothing can enter it by forking, and freezing costs milliseconds on v1.
+func killAll(pids func() ([]int, error), freeze func(bool) error) error {
+	deadline := time.Now().Add(killTimeout)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		if ps, err := pids(); err != nil || len(ps) == 0 {
+			return err
+		}
+		if freeze != nil {
+			if err := freeze(true); err != nil {
+				return fmt.Errorf("freeze: %w", err)
+			}
+		}
+		ps, err := pids()
+		for _, pid := range ps {
+			// ESRCH: already dead; nothing else can fail for root sending SIGKILL.
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		if freeze != nil {
+			if terr := freeze(false); terr != nil && err == nil {
+				err = fmt.Errorf("thaw: %w", terr)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if len(ps) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup still holds %d processes after %s", len(ps), killTimeout)
+		}
+		time.Sleep(wait)
+	}
+}
+
+// removeTree removes dir and the cgroups below it, deepest first. A cgroup whose last process is
+// still exiting refuses rmdir with EBUSY for a moment, so that is retried within killTimeout.
+func removeTree(dir string) error {
+	subs, err := subdirs(dir)
+	if err != nil {
+		return err
+	}
+	for _, sub := range subs {
+		if err := removeTree(filepath.Join(dir, sub)); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(killTimeout)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := unix.Rmdir(dir)
+		switch {
+		case err == nil || errors.Is(err, unix.ENOENT):
+			return nil
+		case !errors.Is(err, unix.EBUSY) || time.Now().After(deadline):
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		time.Sleep(wait)
+	}
+}
+
+// distinct returns the distinct values of m, sorted: controllers that share a v1 hierarchy share a
+// directory, which must be created and removed once.
+func distinct(m map[string]string) []string {
+	var out []string
+	for _, v := range m {
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

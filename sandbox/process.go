@@ -1,0 +1,264 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Result is how a job ended and what it used.
+type Result struct {
+	// ExitCode follows the shell: a death by signal is 128+signo.
+	ExitCode int
+	// Signal is the signal that killed the main process; 0 when it exited.
+	Signal int
+	// OOMKilled is true when the OOM killer acted in the job's cgroup.
+	OOMKilled bool
+	// CPU is the CPU time of every process in the cgroup.
+	CPU time.Duration
+	// MemoryPeak is the cgroup's peak memory in bytes; 0 where the kernel does not track it
+	// (v2 before Linux 5.19, or without the memory controller).
+	MemoryPeak uint64
+}
+
+// Process is a started job.
+//
+// One goroutine, locked to its OS thread, starts the main process and waits for it: Pdeathsig fires
+// when the thread that forked the child exits, so that thread must live exactly as long as the child.
+type Process struct {
+	pid   int
+	g     group
+	grace time.Duration
+	out   *output
+
+	done   chan struct{} // closed when result and err are set and the cgroup is gone
+	result Result
+	err    error
+
+	mu      sync.Mutex
+	exited  bool           // the main process is reaped: its pid may be reused, never signal it
+	killing bool           // Kill has started escalate
+	escal   sync.WaitGroup // escalate, which Wait waits for
+
+	// killMu serialises cgroup kills between escalate and the finishing goroutine.
+	killMu sync.Mutex
+}
+
+// start launches spec's command inside g; release is called once the job is over.
+func start(g group, spec Spec, grace time.Duration, release func()) (*Process, error) {
+	fail := func(err error) (*Process, error) {
+		release()
+		return nil, errors.Join(err, g.remove())
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fail(fmt.Errorf("output pipe: %w", err))
+	}
+	args := spec.Args
+	if len(args) == 0 {
+		args = []string{spec.Path}
+	}
+	env := spec.Env
+	if env == nil {
+		env = []string{} // nil would make os/exec inherit the runner's environment
+	}
+	dir := spec.Dir
+	if dir == "" {
+		dir = "/"
+	}
+	cmd := &exec.Cmd{
+		Path:   spec.Path,
+		Args:   args,
+		Env:    env,
+		Dir:    dir,
+		Stdout: w, // one *os.File for both: the child gets the same pipe on fd 1 and 2, order kept
+		Stderr: w,
+		SysProcAttr: &syscall.SysProcAttr{
+			Setpgid:   true,
+			Pdeathsig: syscall.SIGKILL,
+		},
+	}
+	started, err := g.prepare(cmd)
+	if err != nil {
+		r.Close()
+		w.Close()
+		return fail(err)
+	}
+	p := &Process{g: g, grace: grace, out: &output{f: r}, done: make(chan struct{})}
+	startErr := make(chan error, 1)
+	go p.run(cmd, w, started, startErr, release)
+	if err := <-startErr; err != nil {
+		r.Close()
+		return fail(err)
+	}
+	return p, nil
+}
+
+// run is the goroutine that owns the main process: it starts it on a locked thread, reports the
+// start on startErr, then waits for it and finishes the job.
+func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, startErr chan<- error, release func()) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	err := started(cmd.Start())
+	// The parent's write end must go now, so that EOF arrives once every process in the cgroup is dead.
+	w.Close()
+	if err != nil {
+		if cmd.Process != nil {
+			// The v1 init step failed to join or exec and is exiting; the kill only makes sure.
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		startErr <- err
+		return
+	}
+	p.pid = cmd.Process.Pid
+	startErr <- nil
+
+	werr := cmd.Wait()
+	p.mu.Lock()
+	p.exited = true
+	p.mu.Unlock()
+	p.result, p.err = p.finish(cmd.ProcessState, werr)
+	release()
+	close(p.done)
+}
+
+// finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
+// when its shell ends), then the usage is read and the cgroup removed.
+func (p *Process) finish(state *os.ProcessState, werr error) (Result, error) {
+	var res Result
+	var errs []error
+	// An *exec.ExitError only says the job failed, which res reports.
+	var ee *exec.ExitError
+	if werr != nil && !errors.As(werr, &ee) {
+		errs = append(errs, fmt.Errorf("wait: %w", werr))
+	}
+	if state != nil {
+		ws := state.Sys().(syscall.WaitStatus)
+		res.ExitCode = ws.ExitStatus()
+		if ws.Signaled() {
+			res.Signal = int(ws.Signal())
+			res.ExitCode = 128 + res.Signal
+		}
+	}
+	p.killMu.Lock()
+	kerr := p.g.kill()
+	p.killMu.Unlock()
+	if kerr != nil {
+		errs = append(errs, fmt.Errorf("kill leftovers: %w", kerr))
+	}
+	u, err := p.g.usage()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("read usage: %w", err))
+	}
+	res.OOMKilled, res.CPU, res.MemoryPeak = u.oomKilled, u.cpu, u.memoryPeak
+	if err := p.g.remove(); err != nil {
+		errs = append(errs, err)
+	}
+	return res, errors.Join(errs...)
+}
+
+// Pid is the main process's pid, which is also its process group id.
+func (p *Process) Pid() int { return p.pid }
+
+// Output is one pipe carrying stdout and stderr interleaved in the order written. Nothing is
+// buffered inside sandbox: a job blocks on write while the caller does not read, so read it
+// concurrently with Wait and, after Wait returns, until EOF. EOF arrives once every process in the
+// cgroup is dead, which Wait ensures; the pipe is closed at EOF. Read it from one goroutine.
+func (p *Process) Output() io.Reader { return p.out }
+
+// Signal sends sig to the job's process group. Once the main process has exited it returns
+// os.ErrProcessDone: the group id may then belong to someone else.
+func (p *Process) Signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited {
+		return os.ErrProcessDone
+	}
+	if err := unix.Kill(-p.pid, sig); err != nil {
+		return fmt.Errorf("signal %s: %w", sig, err)
+	}
+	return nil
+}
+
+// Kill sends SIGTERM to the process group and returns. After KillGrace, if the main process still
+// runs, the group gets SIGKILL and everything left in the cgroup is killed, so setsid'd and
+// daemonised descendants die too. Kill is safe to call more than once and concurrently with Wait;
+// after the main process has exited it does nothing, as Wait is already killing the rest.
+func (p *Process) Kill() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited {
+		return nil
+	}
+	if !p.killing {
+		p.killing = true
+		p.escal.Add(1)
+		go p.escalate()
+	}
+	if err := unix.Kill(-p.pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("kill: %w", err)
+	}
+	return nil
+}
+
+// escalate is Kill's second stage, run once per Process and waited for by Wait.
+func (p *Process) escalate() {
+	defer p.escal.Done()
+	t := time.NewTimer(p.grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return
+	case <-t.C:
+	}
+	p.mu.Lock()
+	if p.exited {
+		p.mu.Unlock()
+		return
+	}
+	// ESRCH: the main process left its group (setsid); the cgroup kill below still reaches it.
+	_ = unix.Kill(-p.pid, unix.SIGKILL)
+	p.mu.Unlock()
+	p.killMu.Lock()
+	defer p.killMu.Unlock()
+	// An error here leaves processes that finish's own kill, after the main process dies, meets
+	// again and reports through Wait.
+	_ = p.g.kill()
+}
+
+// Wait waits for the main process to exit, kills whatever is left in the cgroup, reads the usage and
+// removes the cgroup. It does not wait for Output to reach EOF. The error reports a failure to clean
+// up, not a failed job; the Result is valid either way. Calling Wait again returns the same.
+func (p *Process) Wait() (Result, error) {
+	<-p.done
+	p.escal.Wait()
+	return p.result, p.err
+}
+
+// output is the read end of the job's pipe; it closes itself at EOF, which the caller is told to
+// read to, so that the descriptor does not outlive the job.
+type output struct {
+	f   *os.File
+	eof bool
+}
+
+func (o *output) Read(b []byte) (int, error) {
+	if o.eof {
+		return 0, io.EOF
+	}
+	n, err := o.f.Read(b)
+	if err == io.EOF {
+		o.eof = true
+		o.f.Close()
+	}
+	return n, err
+}

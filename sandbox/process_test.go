@@ -1,0 +1,313 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRun(t *testing.T) {
+	tests := []struct {
+		name       string
+		spec       Spec
+		wantOut    string
+		wantCode   int
+		wantSignal int
+	}{
+		{"echo", sh("echo", "echo hi"), "hi\n", 0, 0},
+		{"exit code", sh("exit", "exit 3"), "", 3, 0},
+		{"signal", sh("signal", "kill -9 $$"), "", 137, 9},
+		{"stderr interleaved", sh("stderr", "echo a; echo b >&2; echo c"), "a\nb\nc\n", 0, 0},
+		{"exact env", Spec{ID: "env", Path: "/bin/sh", Args: []string{"sh", "-c", `tr '\0' '\n' </proc/$$/environ`},
+			Env: []string{"A=1", "B=two words"}}, "A=1\nB=two words\n", 0, 0},
+		{"dir", Spec{ID: "dir", Path: "/bin/pwd", Dir: "/tmp"}, "/tmp\n", 0, 0},
+		{"stdin is /dev/null", sh("stdin", "readlink /proc/self/fd/0; cat"), "/dev/null\n", 0, 0},
+		// fd 3 is ls's own handle on the directory it lists.
+		{"only fds 0-2", Spec{ID: "fds", Path: "/bin/ls", Args: []string{"ls", "/proc/self/fd"}}, "0\n1\n2\n3\n", 0, 0},
+		{"own process group", sh("pgrp", "ps -o pid=,pgid= -p $$ | awk '{print ($1 == $2)}'"), "1\n", 0, 0},
+	}
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				res, out := run(t, m, tt.spec)
+				if out != tt.wantOut {
+					t.Errorf("output = %q, want %q", out, tt.wantOut)
+				}
+				if res.ExitCode != tt.wantCode || res.Signal != tt.wantSignal {
+					t.Errorf("exit %d signal %d, want %d %d", res.ExitCode, res.Signal, tt.wantCode, tt.wantSignal)
+				}
+			})
+		}
+	})
+}
+
+func TestStartsInsideCgroup(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, cfg := newTestManager(t, cfg)
+		_, out := run(t, m, sh("where", "cat /proc/self/cgroup"))
+		path := "/" + cfg.Root + "/where"
+		// Lines are "id:controllers:path"; v2's line has no controllers.
+		controllers := []string{""}
+		if h, ok := m.h.(*v1Hierarchy); ok {
+			controllers = nil
+			for c := range h.mounts {
+				controllers = append(controllers, c)
+			}
+		}
+		for _, c := range controllers {
+			found := false
+			for _, line := range strings.Split(out, "\n") {
+				parts := strings.SplitN(line, ":", 3)
+				if len(parts) != 3 || parts[2] != path {
+					continue
+				}
+				if c == "" && parts[1] == "" || c != "" && strings.Contains(","+parts[1]+",", ","+c+",") {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("controller %q: /proc/self/cgroup does not show %s:\n%s", c, path, out)
+			}
+		}
+	})
+}
+
+func TestKillTree(t *testing.T) {
+	tests := []struct {
+		name       string
+		trap       string
+		wantSignal int
+	}{
+		{"term honoured", "", 15},
+		{"term ignored", "trap '' TERM", 9},
+	}
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		cfg.KillGrace = 300 * time.Millisecond
+		m, _ := newTestManager(t, cfg)
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				script := tt.trap + `
+setsid sh -c 'sleep 1000; :' &
+sh -c "trap '' TERM; sleep 1000; :" &
+echo ready
+sleep 1000`
+				p, err := m.Start(sh("tree", script))
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := bufio.NewReader(p.Output())
+				if line, err := r.ReadString('\n'); line != "ready\n" {
+					t.Fatalf("first line %q, %v", line, err)
+				}
+				var pids []int
+				for deadline := time.Now().Add(5 * time.Second); len(pids) < 6; time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("tree did not grow: %v", pids)
+					}
+					pids = groupPids(t, p)
+				}
+				rest := drain(t, r)
+				begin := time.Now()
+				for range 2 {
+					if err := p.Kill(); err != nil {
+						t.Fatalf("Kill: %v", err)
+					}
+				}
+				res, err := p.Wait()
+				if err != nil {
+					t.Errorf("Wait: %v", err)
+				}
+				if elapsed := time.Since(begin); elapsed > cfg.KillGrace+5*time.Second {
+					t.Errorf("Kill+Wait took %s", elapsed)
+				}
+				if err := p.Kill(); err != nil {
+					t.Errorf("Kill after Wait: %v", err)
+				}
+				if res.Signal != tt.wantSignal {
+					t.Errorf("signal %d, want %d", res.Signal, tt.wantSignal)
+				}
+				rest()
+				for _, pid := range pids {
+					if !gone(pid) {
+						t.Errorf("pid %d survived", pid)
+					}
+				}
+			})
+		}
+	})
+}
+
+func TestKillConcurrentWithWait(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		p, err := m.Start(sh("race", "sleep 1000"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := drain(t, p.Output())
+		done := make(chan Result, 1)
+		go func() {
+			res, err := p.Wait()
+			if err != nil {
+				t.Errorf("Wait: %v", err)
+			}
+			done <- res
+		}()
+		for range 3 {
+			go p.Kill()
+		}
+		if res := <-done; res.Signal != 15 {
+			t.Errorf("signal %d, want 15", res.Signal)
+		}
+		if err := p.Signal(15); !errors.Is(err, os.ErrProcessDone) {
+			t.Errorf("Signal after exit = %v, want os.ErrProcessDone", err)
+		}
+		out()
+	})
+}
+
+func TestJobDiesWithRunner(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, cfg := newTestManager(t, cfg)
+		exe, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		runner := exec.Command(exe)
+		runner.Env = append(os.Environ(), runnerEnv+"="+cfg.Version+" "+cfg.Mountpoint+" "+cfg.Root)
+		runner.Stderr = os.Stderr
+		stdout, err := runner.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := runner.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err != nil {
+			runner.Process.Kill()
+			runner.Wait()
+			t.Fatalf("runner: %q, %v", line, err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runner.Process.Kill()
+		runner.Wait()
+		for deadline := time.Now().Add(5 * time.Second); !gone(pid); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("job %d outlived its runner", pid)
+			}
+		}
+		// What a restarted runner does: the dead runner's job cgroup is still there.
+		if n, err := m.Sweep(); n != 1 || err != nil {
+			t.Errorf("Sweep() = %d, %v; want 1", n, err)
+		}
+	})
+}
+
+func TestLeftoversKilledAtExit(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		p, err := m.Start(sh("daemon", "setsid sleep 1000 & echo $!"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := drain(t, p.Output())
+		res, err := p.Wait()
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("Wait = %+v, %v", res, err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(out()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !gone(pid) {
+			t.Errorf("daemon %d outlived its job", pid)
+		}
+	})
+}
+
+func TestOutputBackpressure(t *testing.T) {
+	const n = 2000000
+	var want bytes.Buffer
+	for i := 1; i <= n; i++ {
+		want.WriteString(strconv.Itoa(i))
+		want.WriteByte('\n')
+	}
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		p, err := m.Start(sh("seq", "seq 1 "+strconv.Itoa(n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		select {
+		case <-p.done:
+			t.Fatal("job finished although nobody read its output")
+		default:
+		}
+		h := sha256.New()
+		got, err := io.Copy(h, p.Output())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != int64(want.Len()) || !bytes.Equal(h.Sum(nil), sha256Sum(want.Bytes())) {
+			t.Errorf("read %d bytes, want %d identical", got, want.Len())
+		}
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
+			t.Errorf("Wait = %+v, %v", res, err)
+		}
+	})
+}
+
+func sha256Sum(b []byte) []byte {
+	s := sha256.Sum256(b)
+	return s[:]
+}
+
+func TestStartErrors(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, cfg := newTestManager(t, cfg)
+		_, err := m.Start(Spec{ID: "missing", Path: "/nonexistent/prog"})
+		if err == nil || !strings.Contains(err.Error(), "/nonexistent/prog") {
+			t.Errorf("Start(missing program) = %v", err)
+		}
+		if left, err := m.h.leftovers(); err != nil || len(left) != 0 {
+			t.Errorf("cgroups left after failed start: %v, %v", left, err)
+		}
+		if res, out := run(t, m, sh("missing", "echo again")); res.ExitCode != 0 || out != "again\n" {
+			t.Errorf("id reuse after failed start: %+v %q", res, out)
+		}
+
+		p, err := m.Start(sh("dup", "sleep 1000"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := drain(t, p.Output())
+		if _, err := m.Start(sh("dup", "true")); !errors.Is(err, ErrJobExists) {
+			t.Errorf("duplicate Start = %v, want ErrJobExists", err)
+		}
+		p.Kill()
+		p.Wait()
+		out()
+
+		if _, err := m.Start(Spec{ID: "dir", Path: "/bin/true", Dir: "/nonexistent"}); err == nil {
+			t.Error("Start with missing dir succeeded")
+		}
+		if _, err := os.Stat(filepath.Join(cfg.Mountpoint, cfg.Root, "dir")); m.Version() == "v2" && err == nil {
+			t.Error("cgroup left after failed start")
+		}
+	})
+}

@@ -1,0 +1,129 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+var (
+	// ErrInvalidSpec reports a Spec that Start refuses.
+	ErrInvalidSpec = errors.New("sandbox: invalid spec")
+	// ErrUnsupported reports a resource setting sandbox does not enforce; Start fails rather than run
+	// the job without it.
+	ErrUnsupported = errors.New("sandbox: unsupported resource")
+)
+
+// maxIDLen bounds a job id, which is also a cgroup directory name.
+const maxIDLen = 64
+
+// Spec describes one job's command.
+type Spec struct {
+	// ID names the job's cgroup under Root: [A-Za-z0-9_-]{1,64}.
+	ID string
+	// Path is the absolute path of the program, e.g. "/bin/sh".
+	Path string
+	// Args is argv including argv[0], e.g. {"sh", "-c", "echo hi"}; empty means {Path}.
+	Args []string
+	// Dir is the absolute working directory; empty means "/".
+	Dir string
+	// Env is the exact environment; nothing is inherited from the runner.
+	Env []string
+	// Resources holds the limits: Memory.Limit and Memory.Swap (memory+swap, as on v1), CPU.Quota and
+	// CPU.Period, Pids.Limit. Nil means unset. Any other field set is ErrUnsupported.
+	Resources *specs.LinuxResources
+}
+
+// limits is the part of specs.LinuxResources that sandbox enforces; nil means unset.
+type limits struct {
+	memory *int64  // bytes
+	swap   *int64  // memory+swap bytes, v1 semantics
+	quota  *int64  // µs per period
+	period *uint64 // µs
+	pids   *int64
+}
+
+// validate checks s and extracts its limits.
+func (s Spec) validate() (limits, error) {
+	if !validID(s.ID) {
+		return limits{}, fmt.Errorf("%w: id %q must match [A-Za-z0-9_-]{1,%d}", ErrInvalidSpec, s.ID, maxIDLen)
+	}
+	if !filepath.IsAbs(s.Path) {
+		return limits{}, fmt.Errorf("%w: path %q is not absolute", ErrInvalidSpec, s.Path)
+	}
+	if s.Dir != "" && !filepath.IsAbs(s.Dir) {
+		return limits{}, fmt.Errorf("%w: dir %q is not absolute", ErrInvalidSpec, s.Dir)
+	}
+	return toLimits(s.Resources)
+}
+
+func validID(id string) bool {
+	if id == "" || len(id) > maxIDLen {
+		return false
+	}
+	for _, c := range id {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// setting names one resource field and whether the spec sets it.
+type setting struct {
+	name string
+	set  bool
+}
+
+// toLimits refuses every resource setting it does not carry over, so that a job never runs with less
+// confinement than it asked for.
+func toLimits(r *specs.LinuxResources) (limits, error) {
+	if r == nil {
+		return limits{}, nil
+	}
+	unsupported := []setting{
+		{"devices", len(r.Devices) > 0},
+		{"blockIO", r.BlockIO != nil},
+		{"hugepageLimits", len(r.HugepageLimits) > 0},
+		{"network", r.Network != nil},
+		{"rdma", len(r.Rdma) > 0},
+		{"unified", len(r.Unified) > 0},
+	}
+	var l limits
+	if m := r.Memory; m != nil {
+		l.memory, l.swap = m.Limit, m.Swap
+		unsupported = append(unsupported, []setting{
+			{"memory.reservation", m.Reservation != nil},
+			{"memory.kernel", m.Kernel != nil},
+			{"memory.kernelTCP", m.KernelTCP != nil},
+			{"memory.swappiness", m.Swappiness != nil},
+			{"memory.disableOOMKiller", m.DisableOOMKiller != nil},
+			{"memory.useHierarchy", m.UseHierarchy != nil},
+			{"memory.checkBeforeUpdate", m.CheckBeforeUpdate != nil},
+		}...)
+	}
+	if c := r.CPU; c != nil {
+		l.quota, l.period = c.Quota, c.Period
+		unsupported = append(unsupported, []setting{
+			{"cpu.shares", c.Shares != nil},
+			{"cpu.burst", c.Burst != nil},
+			{"cpu.realtimeRuntime", c.RealtimeRuntime != nil},
+			{"cpu.realtimePeriod", c.RealtimePeriod != nil},
+			{"cpu.cpus", c.Cpus != ""},
+			{"cpu.mems", c.Mems != ""},
+			{"cpu.idle", c.Idle != nil},
+		}...)
+	}
+	if p := r.Pids; p != nil {
+		l.pids = p.Limit
+	}
+	for _, u := range unsupported {
+		if u.set {
+			return limits{}, fmt.Errorf("%w: %s", ErrUnsupported, u.name)
+		}
+	}
+	return l, nil
+}
