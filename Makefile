@@ -1,0 +1,37 @@
+# The two commands a newcomer needs: `make run` and `make test`. Both install their system packages
+# (Debian) when they are missing.
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PKGS := bubblewrap libseccomp-dev gcc libc6-dev pkg-config python3 git
+
+.PHONY: run test bench build deps vet fmt-check
+
+build:
+	$(GO) build -o bin/sbx ./cmd/sbx
+
+run: deps build
+	./bin/sbx serve
+
+test: deps fmt-check vet
+	$(GO) test -race -count=1 -timeout 40m ./...
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 300x -timeout 30m ./cmd/sbx/ ./sandbox/
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
+
+# deps installs the system packages sbx and its tests use, only when one is missing.
+deps:
+	@missing=; \
+	for c in bwrap gcc pkg-config python3 git; do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	pkg-config --exists libseccomp 2>/dev/null || missing="$$missing libseccomp"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages (missing:$$missing)"; \
+		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y $(PKGS); \
+	fi
