@@ -84,6 +84,7 @@ func New(ctx context.Context, cfg Config, jobs JobStore, out OutputStore, disp D
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{},
+		stats: Stats{JobsEnded: map[Status]int64{}},
 	}
 	unfinished, err := jobs.UnfinishedJobs(ctx)
 	if err != nil {

@@ -225,8 +225,8 @@ func (e *Event) Validate() error {
 		if !reasons[e.Reason] {
 			return invalid("reason %q is not one a runner reports", e.Reason)
 		}
-		if e.Reason != ReasonStartFailed && e.ExitCode == nil {
-			return invalid("exited event needs exit_code")
+		if (e.Reason == ReasonExit || e.Reason == ReasonSignal) && e.ExitCode == nil {
+			return invalid("exited event with reason %s needs exit_code", e.Reason)
 		}
 		if e.ExitCode != nil && (*e.ExitCode < 0 || *e.ExitCode > 255) {
 			return invalid("exit_code %d out of range", *e.ExitCode)
@@ -403,9 +403,9 @@ type Heartbeat struct {
 	Cgroup         string            `json:"cgroup"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	Version        string            `json:"version"`
-	Time           time.Time         `json:"time"`
-	// Jobs lists the jobs the runner is running now, so a coordinator can tell which are lost.
-	Jobs []string `json:"jobs,omitempty"`
+	// Boot is when this runner process started: a new Boot means every job of the old one is lost.
+	Boot time.Time `json:"boot"`
+	Time time.Time `json:"time"`
 }
 
 // DecodeHeartbeat decodes and validates a Heartbeat.
@@ -417,16 +417,11 @@ func DecodeHeartbeat(data []byte) (*Heartbeat, error) {
 	if !ValidToken(h.Runner) || !ValidToken(h.Pool) {
 		return nil, invalid("runner %q and pool %q must be tokens", h.Runner, h.Pool)
 	}
-	if h.Slots < 1 || h.Running < 0 || h.Running > h.Slots || len(h.Jobs) > h.Slots {
-		return nil, invalid("slots %d, running %d, jobs %d are inconsistent", h.Slots, h.Running, len(h.Jobs))
+	if h.Slots < 1 || h.Running < 0 || h.Running > h.Slots {
+		return nil, invalid("slots %d and running %d are inconsistent", h.Slots, h.Running)
 	}
-	for _, j := range h.Jobs {
-		if !ValidToken(j) {
-			return nil, invalid("job %q is not a token", j)
-		}
-	}
-	if h.Time.IsZero() {
-		return nil, invalid("time is missing")
+	if h.Time.IsZero() || h.Boot.IsZero() {
+		return nil, invalid("time and boot are required")
 	}
 	return &h, nil
 }

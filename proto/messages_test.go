@@ -71,6 +71,7 @@ func TestEventValidate(t *testing.T) {
 		{"started without pid", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now}, false},
 		{"exited", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, ExitCode: &code, Reason: ReasonExit}, true},
 		{"exited without code", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonExit}, false},
+		{"killed before start", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonKilled}, true},
 		{"start failed", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonStartFailed, Error: "no cwd"}, true},
 		{"lost is not a runner's", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, ExitCode: &code, Reason: ReasonLost}, false},
 		{"unknown kind", Event{V: 1, Kind: "x", JobID: "j", Runner: "r", Time: now}, false},
@@ -185,7 +186,7 @@ func FuzzDecodeControl(f *testing.F) {
 }
 
 func FuzzDecodeHeartbeat(f *testing.F) {
-	f.Add(Encode(&Heartbeat{V: 1, Runner: "r", Pool: "p", Slots: 2, Time: time.Now()}))
+	f.Add(Encode(&Heartbeat{V: 1, Runner: "r", Pool: "p", Slots: 2, Time: time.Now(), Boot: time.Now()}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		h, err := DecodeHeartbeat(data)
 		if err != nil {
