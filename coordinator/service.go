@@ -68,9 +68,38 @@ type Service struct {
 
 // liveJob is the in-memory state of a job that has not ended.
 type liveJob struct {
-	job     *Job
-	size    int64         // body bytes written so far
+	job *Job
+	// size is the length of the body written without a gap: readers never see past it.
+	size int64
+	// ahead holds chunks written beyond a gap (offset → end), which a late chunk may close.
+	ahead   map[int64]int64
 	changed chan struct{} // closed and replaced at every change
+	// exitSeen is when the exit event first arrived while output was still missing.
+	exitSeen time.Time
+}
+
+// wrote records a chunk written at [off, end) and reports whether the gap-free body grew.
+func (l *liveJob) wrote(off, end int64) bool {
+	if off > l.size {
+		if l.ahead == nil {
+			l.ahead = map[int64]int64{}
+		}
+		l.ahead[off] = max(l.ahead[off], end)
+		return false
+	}
+	old := l.size
+	l.size = max(l.size, end)
+	for grown := true; grown; {
+		grown = false
+		for o, e := range l.ahead {
+			if o <= l.size {
+				l.size = max(l.size, e)
+				delete(l.ahead, o)
+				grown = true
+			}
+		}
+	}
+	return l.size > old
 }
 
 func (l *liveJob) notify() {
@@ -452,6 +481,19 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 			return err
 		}
 	case proto.EventExited:
+		// Every chunk was stored before the exit event, but one can come back later (a retried
+		// publish, a redelivery): the job ends only once its output is whole, or after
+		// missingOutputGrace, with what arrived.
+		if l.size < e.OutputBytes {
+			now := s.cfg.Now()
+			if l.exitSeen.IsZero() {
+				l.exitSeen = now
+			}
+			if now.Sub(l.exitSeen) < missingOutputGrace {
+				return ErrNotReady
+			}
+			s.cfg.Logger.Error("job ends with output missing", "job", j.ID, "have", l.size, "want", e.OutputBytes)
+		}
 		j.Runner = e.Runner
 		j.OutputBytes = e.OutputBytes
 		j.Signal = e.Signal
@@ -499,8 +541,12 @@ func (s *Service) stopStray(runner, id string) {
 	}
 }
 
-// ErrNotReady is returned by HandleChunk for output that cannot be placed yet; the event is retried.
-var ErrNotReady = errors.New("coordinator: job not started yet")
+// ErrNotReady is returned for an event that cannot be applied yet (output before the start, an exit
+// before all its output); the event is retried shortly.
+var ErrNotReady = errors.New("coordinator: event not applicable yet")
+
+// missingOutputGrace is how long an exit event waits for output chunks that have not arrived.
+const missingOutputGrace = 30 * time.Second
 
 // HandleChunk writes a piece of output into the job's terminal file. It returns only after the bytes
 // are written.
@@ -526,8 +572,7 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.OutputBytes += int64(len(c.Data))
-	if end := c.Offset + int64(len(c.Data)); end > l.size {
-		l.size = end
+	if l.wrote(c.Offset, c.Offset+int64(len(c.Data))) {
 		l.notify()
 	}
 	return nil
