@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,7 +19,8 @@ import (
 // uninterruptible sleep (e.g. on a dead NFS server) can outlast any SIGKILL.
 const killTimeout = 10 * time.Second
 
-// group is one job's cgroup (one directory on v2, one per controller hierarchy on v1).
+// group is one job's cgroup (one directory on v2, one per controller hierarchy on v1), handled
+// through github.com/containerd/cgroups/v3 (cgroupv1.go, cgroupv2.go).
 type group interface {
 	// prepare makes cmd start its process inside the group. started must be called with cmd.Start's
 	// result; it releases what prepare opened and returns the final start error.
@@ -29,7 +29,8 @@ type group interface {
 	kill() error
 	// usage reads the accounting; counters a kernel or hierarchy lacks read as zero.
 	usage() (usage, error)
-	// remove removes the group's directories; a group already gone is not an error.
+	// remove removes the group's directories and any below them; a group already gone is not an
+	// error.
 	remove() error
 }
 
@@ -51,22 +52,6 @@ func writeValue(path, value string) error {
 		err = cerr
 	}
 	return err
-}
-
-// readUint reads a control file holding one number; a missing file reads as 0.
-func readUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", path, err)
-	}
-	return n, nil
 }
 
 // readKey reads key's value from a flat-keyed control file ("key value" lines); a missing file or
@@ -105,37 +90,6 @@ func removed(err error) bool {
 func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
-}
-
-// readPids lists the processes in dir and in every cgroup below it. A cgroup that is gone holds none.
-func readPids(dir string) ([]int, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-	if removed(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		pid, err := strconv.Atoi(f)
-		if err != nil {
-			return nil, fmt.Errorf("parse %s/cgroup.procs: %w", dir, err)
-		}
-		pids = append(pids, pid)
-	}
-	subs, err := subdirs(dir)
-	if err != nil {
-		return nil, err
-	}
-	for _, sub := range subs {
-		more, err := readPids(filepath.Join(dir, sub))
-		if err != nil {
-			return nil, err
-		}
-		pids = append(pids, more...)
-	}
-	return pids, nil
 }
 
 // subdirs lists the child cgroups of dir; a dir that is gone has none.
@@ -194,26 +148,33 @@ func killAll(pids func() ([]int, error), freeze func(bool) error) error {
 	}
 }
 
-// removeTree removes dir and the cgroups below it, deepest first. A cgroup whose last process is
-// still exiting refuses rmdir with EBUSY for a moment, so that is retried within killTimeout.
-func removeTree(dir string) error {
-	subs, err := subdirs(dir)
-	if err != nil {
-		return err
-	}
-	for _, sub := range subs {
-		if err := removeTree(filepath.Join(dir, sub)); err != nil {
-			return err
-		}
-	}
+// waitEmpty waits, bounded, until pids lists nothing: killed processes take a moment to exit.
+func waitEmpty(pids func() ([]int, error)) error {
 	deadline := time.Now().Add(killTimeout)
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
-		err := unix.Rmdir(dir)
-		switch {
-		case err == nil || errors.Is(err, unix.ENOENT):
+		ps, err := pids()
+		if err != nil || len(ps) == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup still holds %d processes after %s", len(ps), killTimeout)
+		}
+		time.Sleep(wait)
+	}
+}
+
+// retryRemove calls remove, the library's Delete, until it succeeds or killTimeout passes. A cgroup
+// whose last process is still exiting refuses rmdir with EBUSY for a moment, and the library gives up
+// after about 150 ms.
+func retryRemove(remove func() error) error {
+	deadline := time.Now().Add(killTimeout)
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		err := remove()
+		if err == nil {
 			return nil
-		case !errors.Is(err, unix.EBUSY) || time.Now().After(deadline):
-			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup: %w", err)
 		}
 		time.Sleep(wait)
 	}

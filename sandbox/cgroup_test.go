@@ -54,6 +54,32 @@ func TestV1Mounts(t *testing.T) {
 	}
 }
 
+// TestV1Paths checks that the library finds each controller's job cgroup under its mountpoint,
+// including controllers mounted together under a name that is not theirs.
+func TestV1Paths(t *testing.T) {
+	mounts := map[string]string{
+		"memory":  "/sys/fs/cgroup/memory",
+		"cpu":     "/sys/fs/cgroup/cpu,cpuacct",
+		"cpuacct": "/sys/fs/cgroup/cpu,cpuacct",
+		"freezer": "/mnt/cg/freezer",
+		"pids":    "/mnt/cg/tasks",
+	}
+	h := newV1Hierarchy("sbx", "legacy", mounts)
+	if len(h.subsystems) != len(mounts) {
+		t.Fatalf("%d subsystems for %d mounts", len(h.subsystems), len(mounts))
+	}
+	for _, s := range h.subsystems {
+		rel, err := h.path("sbx/job")(s.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := s.(interface{ Path(string) string }).Path(rel)
+		if want := mounts[string(s.Name())] + "/sbx/job"; got != want {
+			t.Errorf("%s: %s, want %s", s.Name(), got, want)
+		}
+	}
+}
+
 func TestNewManagerDescribe(t *testing.T) {
 	eachVersion(t, func(t *testing.T, cfg Config) {
 		cfg.Root = "sbx-test-nested-" + strconv.Itoa(os.Getpid()) + "/runner-1"
@@ -218,4 +244,108 @@ func TestSweep(t *testing.T) {
 		}
 		out()
 	})
+}
+
+// TestResources checks how limits become the library's resources, without a kernel: the v2 root is
+// a temporary directory holding the files resources reads.
+func TestResources(t *testing.T) {
+	i64 := func(n int64) *int64 { return &n }
+	u64 := func(n uint64) *uint64 { return &n }
+	tests := []struct {
+		name    string
+		l       limits
+		noSwap  bool   // swap accounting off
+		enabled string // v2 root's cgroup.subtree_control
+		v1Err   error
+		v2Err   error
+		// v1: memory.limit_in_bytes, memory.memsw.limit_in_bytes, cpu.cfs_quota_us, pids.max (nil: unset)
+		v1Mem, v1Memsw, v1Quota, v1Pids *int64
+		// v2: memory.max, memory.swap.max (nil: unset), cpu.max, pids.max (0: unset)
+		v2Max, v2Swap *int64
+		v2CPU         string
+		v2Pids        int64
+	}{
+		{name: "none", enabled: "cpu memory pids"},
+		{name: "memory caps swap", l: limits{memory: i64(64 << 20)}, enabled: "memory",
+			v1Mem: i64(64 << 20), v1Memsw: i64(64 << 20), v2Max: i64(64 << 20), v2Swap: i64(0)},
+		{name: "memory and swap", l: limits{memory: i64(64 << 20), swap: i64(96 << 20)}, enabled: "memory",
+			v1Mem: i64(64 << 20), v1Memsw: i64(96 << 20), v2Max: i64(64 << 20), v2Swap: i64(32 << 20)},
+		{name: "memory unlimited", l: limits{memory: i64(-1)}, enabled: "memory",
+			v1Mem: i64(-1), v1Memsw: i64(-1), v2Swap: i64(0)},
+		{name: "memory without swap accounting", l: limits{memory: i64(64 << 20)}, noSwap: true, enabled: "memory",
+			v1Mem: i64(64 << 20), v2Max: i64(64 << 20)},
+		{name: "swap without swap accounting", l: limits{swap: i64(64 << 20)}, noSwap: true, enabled: "memory",
+			v1Err: ErrNoController, v2Err: ErrNoController},
+		{name: "quota without period", l: limits{quota: i64(50000)}, enabled: "cpu",
+			v1Quota: i64(50000), v2CPU: "50000 100000"},
+		{name: "quota and period", l: limits{quota: i64(20000), period: u64(40000)}, enabled: "cpu",
+			v1Quota: i64(20000), v2CPU: "20000 40000"},
+		{name: "no quota", l: limits{quota: i64(-1)}, enabled: "cpu", v1Quota: i64(-1), v2CPU: "max 100000"},
+		{name: "pids", l: limits{pids: i64(40)}, enabled: "pids", v1Pids: i64(40), v2Pids: 40},
+		{name: "pids unlimited", l: limits{pids: i64(0)}, enabled: "pids", v1Pids: i64(0), v2Pids: -1},
+		// v1 only checks that a controller is mounted, in create.
+		{name: "controller not enabled", l: limits{pids: i64(40)}, enabled: "cpu memory", v1Pids: i64(40), v2Err: ErrNoController},
+	}
+	eq := func(a, b *int64) bool { return a == nil && b == nil || a != nil && b != nil && *a == *b }
+	str := func(p *int64) string {
+		if p == nil {
+			return "unset"
+		}
+		return strconv.FormatInt(*p, 10)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v1, err := (&v1Hierarchy{memsw: !tt.noSwap}).resources(tt.l)
+			switch {
+			case !errors.Is(err, tt.v1Err) || (err == nil) != (tt.v1Err == nil):
+				t.Errorf("v1: %v, want %v", err, tt.v1Err)
+			case err == nil:
+				var mem, memsw, quota, pids *int64
+				if v1.Memory != nil {
+					mem, memsw = v1.Memory.Limit, v1.Memory.Swap
+				}
+				if v1.CPU != nil {
+					quota = v1.CPU.Quota
+				}
+				if v1.Pids != nil {
+					pids = v1.Pids.Limit
+				}
+				if !eq(mem, tt.v1Mem) || !eq(memsw, tt.v1Memsw) || !eq(quota, tt.v1Quota) || !eq(pids, tt.v1Pids) {
+					t.Errorf("v1: memory %s memsw %s quota %s pids %s", str(mem), str(memsw), str(quota), str(pids))
+				}
+			}
+
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(tt.enabled+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if !tt.noSwap {
+				if err := os.WriteFile(filepath.Join(dir, "memory.swap.max"), []byte("max\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			v2, err := (&v2Hierarchy{dir: dir}).resources(tt.l)
+			if !errors.Is(err, tt.v2Err) || (err == nil) != (tt.v2Err == nil) {
+				t.Fatalf("v2: %v, want %v", err, tt.v2Err)
+			}
+			if err != nil {
+				return
+			}
+			var max, swap *int64
+			var cpu string
+			var pids int64
+			if v2.Memory != nil {
+				max, swap = v2.Memory.Max, v2.Memory.Swap
+			}
+			if v2.CPU != nil {
+				cpu = string(v2.CPU.Max)
+			}
+			if v2.Pids != nil {
+				pids = v2.Pids.Max
+			}
+			if !eq(max, tt.v2Max) || !eq(swap, tt.v2Swap) || cpu != tt.v2CPU || pids != tt.v2Pids {
+				t.Errorf("v2: memory.max %s swap.max %s cpu.max %q pids %d", str(max), str(swap), cpu, pids)
+			}
+		})
+	}
 }

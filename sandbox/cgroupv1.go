@@ -6,25 +6,37 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // v1Controllers are the hierarchies a job joins on cgroup v1: enough to limit it (memory, cpu, pids),
-// account it (cpuacct, memory) and stop it whole (freezer).
+// account it (cpuacct, memory) and stop it whole (freezer). Other mounted hierarchies (blkio, devices,
+// systemd…) are left alone: each one costs a directory per job to create, join and remove.
 var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
+
+// errGone reports a job cgroup that disappeared between listing and opening it.
+var errGone = errors.New("cgroup gone")
 
 // v1Hierarchy is the runner's root cgroup in each mounted v1 controller hierarchy.
 type v1Hierarchy struct {
 	root   string
 	mode   string            // "legacy" or "hybrid", for describe
 	mounts map[string]string // controller → mountpoint, for the v1Controllers that are mounted
+	// subsystems are the library's controllers for mounts, in v1Controllers order.
+	subsystems []cgroup1.Subsystem
+	// via is, for a controller whose mountpoint is not named after it, the way from where the library
+	// looks for it to where it is; see path.
+	via map[cgroup1.Name]string
+	// memsw is whether memory+swap can be limited (swap accounting on).
+	memsw bool
 }
 
 func newV1(root, mode string) (*v1Hierarchy, error) {
@@ -40,13 +52,59 @@ func newV1(root, mode string) (*v1Hierarchy, error) {
 	if len(mounts) == 0 {
 		return nil, fmt.Errorf("%w: no cgroup v1 controller mounted", ErrNoCgroups)
 	}
-	h := &v1Hierarchy{root: root, mode: mode, mounts: mounts}
-	for _, mp := range distinct(mounts) {
-		if err := os.MkdirAll(filepath.Join(mp, root), 0o755); err != nil {
-			return nil, fmt.Errorf("create root cgroup: %w", err)
-		}
+	h := newV1Hierarchy(root, mode, mounts)
+	if _, err := cgroup1.New(h.path(root), &specs.LinuxResources{}, h.opts()...); err != nil {
+		return nil, fmt.Errorf("create root cgroup: %w", err)
 	}
 	return h, nil
+}
+
+// newV1Hierarchy builds the library's controllers for mounts, in v1Controllers order.
+func newV1Hierarchy(root, mode string, mounts map[string]string) *v1Hierarchy {
+	h := &v1Hierarchy{root: root, mode: mode, mounts: mounts, via: make(map[cgroup1.Name]string)}
+	for _, c := range v1Controllers {
+		mp, ok := mounts[c]
+		if !ok {
+			continue
+		}
+		// The library places controller c at <parent>/<c>, as in /sys/fs/cgroup/memory.
+		parent := filepath.Dir(mp)
+		var s cgroup1.Subsystem
+		switch c {
+		case "memory":
+			// Only memory.max_usage_in_bytes and memory.oom_control are read; the swap and kernel
+			// memory files are missing on some kernels, which would fail Stat.
+			s = cgroup1.NewMemory(parent, cgroup1.IgnoreModules("memsw", "kmem", "kmem.tcp"))
+			h.memsw = exists(filepath.Join(mp, "memory.memsw.limit_in_bytes"))
+		case "cpu":
+			s = cgroup1.NewCpu(parent)
+		case "cpuacct":
+			s = cgroup1.NewCpuacct(parent)
+		case "pids":
+			s = cgroup1.NewPids(parent)
+		case "freezer":
+			s = cgroup1.NewFreezer(parent)
+		}
+		if base := filepath.Base(mp); base != c {
+			h.via[s.Name()] = filepath.Join("..", base)
+		}
+		h.subsystems = append(h.subsystems, s)
+	}
+	return h
+}
+
+// opts restricts the library to h's subsystems; by default it would use every mounted hierarchy.
+func (h *v1Hierarchy) opts() []cgroup1.InitOpts {
+	return []cgroup1.InitOpts{cgroup1.WithHierarchy(func() ([]cgroup1.Subsystem, error) { return h.subsystems, nil })}
+}
+
+// path is rel (e.g. "sbx/job-1") in every hierarchy, like cgroup1.StaticPath. A controller mounted
+// under another name (cpu in /sys/fs/cgroup/cpu,cpuacct, without the usual cpu symlink) is reached
+// from the library's <parent>/cpu through "../cpu,cpuacct", which the library's filepath.Join cleans.
+func (h *v1Hierarchy) path(rel string) cgroup1.Path {
+	return func(n cgroup1.Name) (string, error) {
+		return filepath.Join(cmp.Or(h.via[n], "/"), rel), nil
+	}
 }
 
 // v1Mounts finds the mountpoint of each of v1Controllers in a mountinfo listing. A controller mounted
@@ -74,14 +132,28 @@ func (h *v1Hierarchy) describe() string {
 	return fmt.Sprintf("v1 (%s) /%s", h.mode, h.root)
 }
 
-func (h *v1Hierarchy) open(id string) group {
-	g := &v1Group{dirs: make(map[string]string, len(h.mounts))}
+// group wraps the library's cgroup for job id with the directories the init step and kill use.
+func (h *v1Hierarchy) group(cg cgroup1.Cgroup, id string) *v1Group {
+	dirs := make(map[string]string, len(h.mounts))
 	for c, mp := range h.mounts {
-		g.dirs[c] = filepath.Join(mp, h.root, id)
+		dirs[c] = filepath.Join(mp, h.root, id)
 	}
-	return g
+	return &v1Group{cg: cg, dirs: distinct(dirs), freezer: dirs["freezer"]}
 }
 
+func (h *v1Hierarchy) open(id string) (group, error) {
+	cg, err := cgroup1.Load(h.path(filepath.Join(h.root, id)), h.opts()...)
+	if errors.Is(err, cgroup1.ErrCgroupDeleted) {
+		return nil, errGone
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load cgroup: %w", err)
+	}
+	return h.group(cg, id), nil
+}
+
+// leftovers lists the job cgroups under the root in any hierarchy; the library has no listing of
+// child cgroups.
 func (h *v1Hierarchy) leftovers() ([]string, error) {
 	var names []string
 	for _, mp := range distinct(h.mounts) {
@@ -99,7 +171,6 @@ func (h *v1Hierarchy) leftovers() ([]string, error) {
 }
 
 func (h *v1Hierarchy) create(id string, l limits) (group, error) {
-	g := h.open(id).(*v1Group)
 	for _, need := range []struct {
 		controller string
 		set        bool
@@ -108,72 +179,63 @@ func (h *v1Hierarchy) create(id string, l limits) (group, error) {
 		{"cpu", l.quota != nil || l.period != nil},
 		{"pids", l.pids != nil},
 	} {
-		if _, ok := g.dirs[need.controller]; need.set && !ok {
+		if _, ok := h.mounts[need.controller]; need.set && !ok {
 			return nil, fmt.Errorf("%w: %s (not mounted)", ErrNoController, need.controller)
 		}
 	}
-	var made []string
-	for _, dir := range distinct(g.dirs) {
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			for _, d := range made {
-				_ = os.Remove(d) // best effort: the error that matters is the Mkdir one
-			}
-			if errors.Is(err, fs.ErrExist) {
-				return nil, fmt.Errorf("%w: %s", ErrJobExists, dir)
-			}
-			return nil, fmt.Errorf("create cgroup: %w", err)
+	res, err := h.resources(l)
+	if err != nil {
+		return nil, err
+	}
+	// The library creates with MkdirAll, which would take over a cgroup left by an earlier life
+	// before Sweep has killed what is in it; the Manager's live set makes this check race-free.
+	for _, dir := range h.group(nil, id).dirs {
+		if exists(dir) {
+			return nil, fmt.Errorf("%w: %s", ErrJobExists, dir)
 		}
-		made = append(made, dir)
 	}
-	if err := g.apply(l); err != nil {
-		return nil, errors.Join(err, g.remove())
+	path := h.path(filepath.Join(h.root, id))
+	cg, err := cgroup1.New(path, res, h.opts()...)
+	if err != nil {
+		err = fmt.Errorf("create cgroup: %w", err)
+		// New leaves what it made when a limit fails to apply.
+		if cg, lerr := cgroup1.Load(path, h.opts()...); lerr == nil {
+			err = errors.Join(err, (&v1Group{cg: cg}).remove())
+		}
+		return nil, err
 	}
-	return g, nil
+	return h.group(cg, id), nil
+}
+
+// resources turns l into what the library writes. Memory+swap is capped at the memory limit unless
+// swap is given, so a job cannot swap its way past its limit; where swap accounting is off that
+// file is missing, which is only an error if swap was asked for. A pids limit of zero or less is the
+// kernel's default, max, which the library leaves unwritten.
+func (h *v1Hierarchy) resources(l limits) (*specs.LinuxResources, error) {
+	res := &specs.LinuxResources{}
+	if l.memory != nil || l.swap != nil {
+		res.Memory = &specs.LinuxMemory{Limit: l.memory}
+		switch {
+		case h.memsw:
+			res.Memory.Swap = cmp.Or(l.swap, l.memory)
+		case l.swap != nil:
+			return nil, fmt.Errorf("%w: memory.memsw (swap accounting off)", ErrNoController)
+		}
+	}
+	if l.quota != nil || l.period != nil {
+		res.CPU = &specs.LinuxCPU{Quota: l.quota, Period: l.period}
+	}
+	if l.pids != nil {
+		res.Pids = &specs.LinuxPids{Limit: l.pids}
+	}
+	return res, nil
 }
 
 // v1Group is one job's cgroup in each v1 controller hierarchy.
 type v1Group struct {
-	dirs map[string]string // controller → cgroup dir
-}
-
-// apply writes l to the group. Memory+swap is capped at the memory limit unless swap is given, so a
-// job cannot swap its way past its limit; where swap accounting is off that file is missing, which
-// is only an error if swap was asked for.
-func (g *v1Group) apply(l limits) error {
-	mem := g.dirs["memory"]
-	if l.memory != nil {
-		if err := writeValue(filepath.Join(mem, "memory.limit_in_bytes"), strconv.FormatInt(*l.memory, 10)); err != nil {
-			return fmt.Errorf("set memory limit: %w", err)
-		}
-	}
-	if memsw := cmp.Or(l.swap, l.memory); memsw != nil {
-		path := filepath.Join(mem, "memory.memsw.limit_in_bytes")
-		switch {
-		case exists(path):
-			if err := writeValue(path, strconv.FormatInt(*memsw, 10)); err != nil {
-				return fmt.Errorf("set memory+swap limit: %w", err)
-			}
-		case l.swap != nil:
-			return fmt.Errorf("%w: memory.memsw (swap accounting off)", ErrNoController)
-		}
-	}
-	cpu := g.dirs["cpu"]
-	if l.period != nil {
-		if err := writeValue(filepath.Join(cpu, "cpu.cfs_period_us"), strconv.FormatUint(*l.period, 10)); err != nil {
-			return fmt.Errorf("set cpu period: %w", err)
-		}
-	}
-	if l.quota != nil {
-		if err := writeValue(filepath.Join(cpu, "cpu.cfs_quota_us"), strconv.FormatInt(*l.quota, 10)); err != nil {
-			return fmt.Errorf("set cpu quota: %w", err)
-		}
-	}
-	if l.pids != nil {
-		if err := writeValue(filepath.Join(g.dirs["pids"], "pids.max"), pidsMax(*l.pids)); err != nil {
-			return fmt.Errorf("set pids limit: %w", err)
-		}
-	}
-	return nil
+	cg      cgroup1.Cgroup
+	dirs    []string // the cgroup's directory in each distinct hierarchy
+	freezer string   // the cgroup's directory in the freezer hierarchy; "" without one
 }
 
 // prepare turns cmd into the init step: this binary re-executed as initArg0, which joins every
@@ -181,7 +243,7 @@ func (g *v1Group) apply(l limits) error {
 // straight into a cgroup. The init step reports a failure on fd 3; success closes it empty on exec.
 func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	var procs []string
-	for _, dir := range distinct(g.dirs) {
+	for _, dir := range g.dirs {
 		procs = append(procs, filepath.Join(dir, "cgroup.procs"))
 	}
 	cmd.Args = initArgs(procs, cmd.Path, cmd.Args)
@@ -208,56 +270,55 @@ func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	}, nil
 }
 
+// kill freezes, kills each process and thaws (v1 has no cgroup.kill), until the group is empty.
 func (g *v1Group) kill() error {
 	var freeze func(bool) error
-	if dir, ok := g.dirs["freezer"]; ok && exists(dir) {
-		freeze = func(on bool) error { return freezeV1(dir, on) }
+	if g.freezer != "" {
+		freeze = g.freeze
 	}
 	return killAll(g.pids, freeze)
 }
 
-// pids lists the processes in the group across all hierarchies: a process can only leave one of
-// them by writing another cgroup.procs, which a root job could do.
+// pids lists the processes in the group and below it across all hierarchies: a process can only
+// leave one of them by writing another cgroup.procs, which a root job could do.
 func (g *v1Group) pids() ([]int, error) {
 	var all []int
-	for _, dir := range distinct(g.dirs) {
-		ps, err := readPids(dir)
+	for _, s := range g.cg.Subsystems() {
+		ps, err := g.cg.Processes(s.Name(), true)
+		if removed(err) || errors.Is(err, cgroup1.ErrCgroupDeleted) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		for _, p := range ps {
-			if !slices.Contains(all, p) {
-				all = append(all, p)
+			if !slices.Contains(all, p.Pid) {
+				all = append(all, p.Pid)
 			}
 		}
 	}
 	return all, nil
 }
 
-// freezeV1 freezes or thaws a v1 freezer cgroup and waits, bounded, for freezing to finish; a task
-// that will not freeze (uninterruptible sleep) is killed unfrozen rather than block the kill.
-func freezeV1(dir string, on bool) error {
-	state := "THAWED"
-	if on {
-		state = "FROZEN"
+// freeze freezes or thaws the group. Freezing writes freezer.state itself and waits at most a second
+// for FROZEN: the library's Freeze waits without bound, and a task in uninterruptible sleep never
+// freezes, so it would hang the kill; such a task is killed unfrozen instead. A cgroup removed
+// meanwhile (by a concurrent Sweep) has nothing left to freeze.
+func (g *v1Group) freeze(on bool) error {
+	if !on {
+		if err := g.cg.Thaw(); err != nil && !removed(err) && !errors.Is(err, cgroup1.ErrCgroupDeleted) {
+			return err
+		}
+		return nil
 	}
-	path := filepath.Join(dir, "freezer.state")
-	// A cgroup removed meanwhile (by a concurrent Sweep) has nothing left to freeze.
-	if err := writeValue(path, state); err != nil {
+	if err := writeValue(filepath.Join(g.freezer, "freezer.state"), "FROZEN"); err != nil {
 		if removed(err) {
 			return nil
 		}
 		return err
 	}
-	for deadline := time.Now().Add(time.Second); on && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		b, err := os.ReadFile(path)
-		if removed(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if strings.TrimSpace(string(b)) == state {
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if s := g.cg.State(); s == cgroup1.Frozen || s == cgroup1.Deleted {
 			break
 		}
 	}
@@ -266,39 +327,40 @@ func freezeV1(dir string, on bool) error {
 
 func (g *v1Group) usage() (usage, error) {
 	var u usage
-	if dir, ok := g.dirs["cpuacct"]; ok {
-		ns, err := readUint(filepath.Join(dir, "cpuacct.usage"))
-		if err != nil {
-			return u, err
+	// A controller file a kernel lacks reads as zero, and so does a group removed meanwhile (a
+	// concurrent Sweep; ENODEV from a file whose directory is going).
+	st, err := g.cg.Stat(func(err error) error {
+		if removed(err) {
+			return nil
 		}
-		u.cpu = time.Duration(ns)
+		return err
+	})
+	if errors.Is(err, cgroup1.ErrCgroupDeleted) {
+		return u, nil
 	}
-	if dir, ok := g.dirs["memory"]; ok {
-		var err error
-		if u.memoryPeak, err = readUint(filepath.Join(dir, "memory.max_usage_in_bytes")); err != nil {
-			return u, err
-		}
-		kills, err := readKey(filepath.Join(dir, "memory.oom_control"), "oom_kill")
-		if err != nil {
-			return u, err
-		}
-		u.oomKilled = kills > 0
+	if err != nil {
+		return u, err
+	}
+	if st.CPU != nil && st.CPU.Usage != nil {
+		u.cpu = time.Duration(st.CPU.Usage.Total)
+	}
+	if st.Memory != nil && st.Memory.Usage != nil {
+		u.memoryPeak = st.Memory.Usage.Max
+	}
+	if st.MemoryOomControl != nil {
+		u.oomKilled = st.MemoryOomControl.OomKill > 0
 	}
 	return u, nil
 }
 
+// remove deletes the group in every hierarchy; a group already gone is not an error. A cgroup whose
+// last process is still exiting refuses removal for a moment beyond the library's own retries.
 func (g *v1Group) remove() error {
-	var errs []error
-	for _, dir := range distinct(g.dirs) {
-		errs = append(errs, removeTree(dir))
-	}
-	return errors.Join(errs...)
-}
-
-// pidsMax renders a pids limit; like runc, zero or less means no limit.
-func pidsMax(n int64) string {
-	if n <= 0 {
-		return "max"
-	}
-	return strconv.FormatInt(n, 10)
+	return retryRemove(func() error {
+		err := g.cg.Delete()
+		if errors.Is(err, cgroup1.ErrCgroupDeleted) {
+			return nil
+		}
+		return err
+	})
 }

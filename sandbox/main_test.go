@@ -160,14 +160,7 @@ func run(t *testing.T, m *Manager, spec Spec) (Result, string) {
 // groupPids lists the processes in p's cgroup.
 func groupPids(t testing.TB, p *Process) []int {
 	t.Helper()
-	var pids []int
-	var err error
-	switch g := p.g.(type) {
-	case *v1Group:
-		pids, err = g.pids()
-	case *v2Group:
-		pids, err = readPids(g.dir)
-	}
+	pids, err := p.g.(interface{ pids() ([]int, error) }).pids()
 	if err != nil {
 		t.Fatalf("list cgroup: %v", err)
 	}

@@ -63,8 +63,8 @@ type Manager struct {
 type hierarchy interface {
 	// create makes the job's cgroup with its limits applied, before any process is in it.
 	create(id string, l limits) (group, error)
-	// open returns a job cgroup that already exists, for Sweep.
-	open(id string) group
+	// open returns a job cgroup that already exists, for Sweep; errGone when it no longer does.
+	open(id string) (group, error)
 	// leftovers lists the job cgroups under the root.
 	leftovers() ([]string, error)
 	describe() string
@@ -178,7 +178,15 @@ func (m *Manager) Sweep() (int, error) {
 		if m.live[name] {
 			continue
 		}
-		g := m.h.open(name)
+		g, err := m.h.open(name)
+		if errors.Is(err, errGone) {
+			n++ // removed meanwhile, which is what Sweep wanted
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sweep %s: %w", name, err))
+			continue
+		}
 		if err := g.kill(); err != nil {
 			errs = append(errs, fmt.Errorf("sweep %s: %w", name, err))
 			continue

@@ -173,6 +173,10 @@ func (p *Process) Pid() int { return p.pid }
 // buffered inside sandbox: a job blocks on write while the caller does not read, so read it
 // concurrently with Wait and, after Wait returns, until EOF. EOF arrives once every process in the
 // cgroup is dead, which Wait ensures; the pipe is closed at EOF. Read it from one goroutine.
+//
+// The reader also has SetReadDeadline(time.Time) error, as *os.File does: a Read past the deadline
+// returns an error matching os.ErrDeadlineExceeded and consumes nothing, so a caller can gather
+// small writes into one chunk for a while and then send what it has.
 func (p *Process) Output() io.Reader { return p.out }
 
 // Signal sends sig to the job's process group. Once the main process has exited it returns
@@ -250,6 +254,10 @@ type output struct {
 	f   *os.File
 	eof bool
 }
+
+// SetReadDeadline sets the deadline for pending and future Reads; the zero time clears it. After EOF
+// the pipe is closed and it returns an error matching os.ErrClosed.
+func (o *output) SetReadDeadline(t time.Time) error { return o.f.SetReadDeadline(t) }
 
 func (o *output) Read(b []byte) (int, error) {
 	if o.eof {

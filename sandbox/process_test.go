@@ -311,3 +311,58 @@ func TestStartErrors(t *testing.T) {
 		}
 	})
 }
+
+func TestOutputReadDeadline(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		p, err := m.Start(sh("deadline", "echo hello"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, ok := p.Output().(interface {
+			io.Reader
+			SetReadDeadline(time.Time) error
+		})
+		if !ok {
+			t.Fatalf("Output() is a %T, without SetReadDeadline", p.Output())
+		}
+		// Once the main process has exited, its output is in the pipe, unread.
+		if _, err := p.Wait(); err != nil {
+			t.Fatalf("Wait: %v", err)
+		}
+		if err := out.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+			t.Fatalf("SetReadDeadline: %v", err)
+		}
+		buf := make([]byte, 64)
+		if n, err := out.Read(buf); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("Read past deadline = %d, %v; want 0, os.ErrDeadlineExceeded", n, err)
+		}
+		if err := out.SetReadDeadline(time.Time{}); err != nil {
+			t.Fatalf("clear deadline: %v", err)
+		}
+		if b, err := io.ReadAll(out); string(b) != "hello\n" || err != nil {
+			t.Errorf("after the deadline: %q, %v; want %q", b, err, "hello\n")
+		}
+
+		// A deadline also ends a Read that is already waiting: the pipe is pollable.
+		p, err = m.Start(sh("idle", "sleep 1000"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = p.Output().(interface {
+			io.Reader
+			SetReadDeadline(time.Time) error
+		})
+		if err := out.SetReadDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+			t.Fatalf("SetReadDeadline: %v", err)
+		}
+		if n, err := out.Read(buf); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("Read with nothing written = %d, %v; want 0, os.ErrDeadlineExceeded", n, err)
+		}
+		out.SetReadDeadline(time.Time{})
+		rest := drain(t, out)
+		p.Kill()
+		p.Wait()
+		rest()
+	})
+}
