@@ -646,4 +646,3 @@ func (s *Service) markLost(ctx context.Context) {
 		}
 	}
 }
-

@@ -130,4 +130,3 @@ func decode(data []byte) (*coordinator.Job, error) {
 	}
 	return &job, nil
 }
-

@@ -1,0 +1,143 @@
+// Package client is the Go client of sbx's HTTP API (see API.md). It has its own wire types, which
+// mirror the API's JSON field for field, so that it depends on the API and not on the server's code.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// Bounds of what the client reads.
+const (
+	// maxReplyBytes bounds a JSON reply: a listing of 1000 jobs with 64 KiB commands fits.
+	maxReplyBytes = 128 << 20
+	// maxErrorBytes bounds an error reply.
+	maxErrorBytes = 64 << 10
+)
+
+// Client calls one coordinator. Its methods are safe for concurrent use.
+type Client struct {
+	addr  string
+	token string
+	// HTTPClient sends the requests. The default has no timeout because waits and output streams
+	// last as long as asked: bound each call with its context.
+	HTTPClient *http.Client
+	// Session, when set, is sent as the Sbx-Session header: the session of jobs started without one.
+	Session string
+}
+
+// New returns a client of the coordinator at addr ("http://127.0.0.1:7070"). token, when not
+// empty, is sent as "Authorization: Bearer token".
+func New(addr, token string) *Client {
+	return &Client{addr: strings.TrimRight(addr, "/"), token: token, HTTPClient: &http.Client{}}
+}
+
+// Error is an error reply of the API.
+type Error struct {
+	Status  int    // HTTP status
+	Code    string // "invalid", "not_found", "conflict", ... (API.md)
+	Message string // one clear sentence
+}
+
+func (e *Error) Error() string { return e.Message + " (" + e.Code + ")" }
+
+// Do sends a request and returns the body of a 2xx reply as it is: the API's JSON, for callers that
+// print it (--json). path is the part after the address, query included ("/v1/jobs?limit=5"). body
+// is sent as JSON; a []byte or json.RawMessage is sent as it is; nil sends no body. An error reply
+// is returned as an *Error.
+func (c *Client) Do(ctx context.Context, method, path string, body any) ([]byte, error) {
+	resp, err := c.send(ctx, method, path, body)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: read reply: %w", method, path, err)
+	}
+	if len(data) > maxReplyBytes {
+		return nil, fmt.Errorf("%s %s: reply larger than %d bytes", method, path, maxReplyBytes)
+	}
+	return data, nil
+}
+
+// call is Do followed by decoding the reply into out.
+func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
+	data, err := c.Do(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decode reply: %w", method, path, err)
+	}
+	return nil
+}
+
+// send sends a request and returns a 2xx response, whose body the caller closes; any other status
+// becomes an *Error.
+func (c *Client) send(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		r = bytes.NewReader(b)
+	case json.RawMessage:
+		r = bytes.NewReader(b)
+	default:
+		data, err := json.Marshal(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: encode body: %w", method, path, err)
+		}
+		r = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.addr+path, r)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if r != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if c.Session != "" {
+		req.Header.Set("Sbx-Session", c.Session)
+	}
+	resp, err := c.HTTPClient.Do(req)
+	if err != nil {
+		return nil, err // already names the method and URL
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	return nil, decodeError(resp)
+}
+
+// decodeError turns an error reply into an *Error. A reply that is not the API's error shape (a
+// proxy's page, say) keeps its status and the start of its body.
+func decodeError(resp *http.Response) error {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
+	var e struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(data, &e) == nil && e.Error.Code != "" {
+		return &Error{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+	}
+	msg := strings.TrimSpace(string(data))
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	if msg == "" {
+		msg = http.StatusText(resp.StatusCode)
+	}
+	return &Error{Status: resp.StatusCode, Code: "http_" + fmt.Sprint(resp.StatusCode), Message: msg}
+}

@@ -1,0 +1,331 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// fakeDispatcher stands in for the runners: Dispatch calls run, which may play a runner's events
+// back into the service; Control ends the job as killed.
+type fakeDispatcher struct {
+	mu  sync.Mutex
+	seq uint64
+	run func(*proto.Work)
+	svc *coordinator.Service
+}
+
+func (d *fakeDispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, error) {
+	d.mu.Lock()
+	d.seq++
+	seq, run := d.seq, d.run
+	d.mu.Unlock()
+	if run != nil {
+		run(w)
+	}
+	return seq, nil
+}
+
+func (d *fakeDispatcher) Withdraw(context.Context, uint64) (bool, error) { return true, nil }
+
+func (d *fakeDispatcher) Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error) {
+	err := d.svc.HandleEvent(ctx, &proto.Event{
+		V: proto.Version, Kind: proto.EventExited, JobID: c.JobID, Runner: runner, Time: time.Now(), Reason: proto.ReasonKilled,
+	})
+	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, err
+}
+
+type harness struct {
+	t    *testing.T
+	svc  *coordinator.Service
+	disp *fakeDispatcher
+	srv  *httpapi.Server
+	addr string
+	cwd  string
+}
+
+// newHarness serves a real Service on the real store with the API on a real listener.
+func newHarness(t *testing.T, token string) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := store.Open(dir + "/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	terms, err := store.OpenTerminals(dir + "/terminals")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { terms.Close() })
+	disp := &fakeDispatcher{}
+	svc, err := coordinator.New(t.Context(), coordinator.Config{}, db, terms, disp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disp.svc = svc
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httpapi.NewServer(svc, httpapi.Config{Token: token})
+	srv.Open(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return &harness{t: t, svc: svc, disp: disp, srv: srv, addr: "http://" + ln.Addr().String(), cwd: t.TempDir()}
+}
+
+func (h *harness) event(e *proto.Event) {
+	h.t.Helper()
+	e.V, e.Runner, e.Time = proto.Version, "r1", time.Now()
+	if err := h.svc.HandleEvent(context.Background(), e); err != nil {
+		h.t.Error(err)
+	}
+}
+
+func (h *harness) begin(id string) {
+	h.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
+	h.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 7})
+}
+
+func (h *harness) output(id string, offset int64, data string) {
+	h.t.Helper()
+	if err := h.svc.HandleChunk(context.Background(), &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)}); err != nil {
+		h.t.Error(err)
+	}
+}
+
+func (h *harness) exit(id string, code int, size int64) {
+	h.event(&proto.Event{Kind: proto.EventExited, JobID: id, Reason: proto.ReasonExit, ExitCode: &code, OutputBytes: size})
+}
+
+func (h *harness) setRun(run func(*proto.Work)) {
+	h.disp.mu.Lock()
+	defer h.disp.mu.Unlock()
+	h.disp.run = run
+}
+
+func TestJobLifecycle(t *testing.T) {
+	h := newHarness(t, "tok")
+	c := client.New(h.addr+"/", "tok")
+	ctx := t.Context()
+	h.setRun(func(w *proto.Work) {
+		h.begin(w.JobID)
+		h.output(w.JobID, 0, "hello\n")
+		h.exit(w.JobID, 0, 6)
+	})
+
+	st, err := c.Start(ctx, client.StartRequest{
+		Command: "echo hello", Cwd: h.cwd, Session: "s1", BlockUntil: 5 * time.Second,
+		Limits: &client.Limits{Pids: 64}, Env: map[string]string{"A": "1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Backgrounded || st.Output != "hello\n" || st.Job.Status != client.StatusSucceeded || !st.Job.Ended() {
+		t.Errorf("start %+v", st)
+	}
+	if st.Job.ExitCode == nil || *st.Job.ExitCode != 0 || st.Job.Limits.Pids != 64 || st.Job.Session != "s1" {
+		t.Errorf("job %+v", st.Job)
+	}
+	id := st.Job.ID
+
+	j, err := c.Job(ctx, id)
+	if err != nil || j.ID != id || j.OutputBytes != 6 {
+		t.Errorf("job %+v, %v", j, err)
+	}
+	jobs, err := c.Jobs(ctx, client.JobsQuery{Session: "s1", Limit: 10})
+	if err != nil || len(jobs) != 1 || jobs[0].ID != id {
+		t.Errorf("jobs %+v, %v", jobs, err)
+	}
+	if jobs, err := c.Jobs(ctx, client.JobsQuery{Session: "other"}); err != nil || len(jobs) != 0 {
+		t.Errorf("other session: %+v, %v", jobs, err)
+	}
+	w, err := c.Wait(ctx, id, 0, "")
+	if err != nil || !w.Done {
+		t.Errorf("wait %+v, %v", w, err)
+	}
+	out, total, err := c.Output(ctx, id, 1, 3)
+	if err != nil || string(out) != "ell" || total != 6 {
+		t.Errorf("output %q %d %v", out, total, err)
+	}
+	out, _, err = c.Output(ctx, id, 0, -1)
+	if err != nil || string(out) != "hello\n" {
+		t.Errorf("output %q %v", out, err)
+	}
+	var buf bytes.Buffer
+	if err := c.Follow(ctx, id, 0, &buf); err != nil || buf.String() != "hello\n" {
+		t.Errorf("follow of an ended job: %q %v", buf.String(), err)
+	}
+	_, err = c.Kill(ctx, id, "")
+	var apiErr *client.Error
+	if !errors.As(err, &apiErr) || apiErr.Status != 409 || apiErr.Code != "conflict" {
+		t.Errorf("kill of an ended job: %v", err)
+	}
+}
+
+func TestWaitAndKill(t *testing.T) {
+	h := newHarness(t, "")
+	c := client.New(h.addr, "")
+	c.Session = "hdr"
+	ctx := t.Context()
+	h.setRun(func(w *proto.Work) { h.begin(w.JobID) })
+
+	st, err := c.Start(ctx, client.StartRequest{Command: "serve", Cwd: h.cwd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Backgrounded || st.Job.Session != "hdr" || st.Job.Status != client.StatusRunning {
+		t.Errorf("start %+v", st)
+	}
+	id := st.Job.ID
+	h.output(id, 0, "starting\nready at :8080\n")
+	w, err := c.Wait(ctx, id, 10*time.Second, `^ready at :\d+$`)
+	if err != nil || !w.PatternMatched || w.Done {
+		t.Errorf("wait %+v, %v", w, err)
+	}
+	w, err = c.Wait(ctx, id, 10*time.Millisecond, "never")
+	if err != nil || w.PatternMatched || w.Done {
+		t.Errorf("wait %+v, %v", w, err)
+	}
+
+	var buf bytes.Buffer
+	done := make(chan error, 1)
+	go func() { done <- c.Follow(ctx, id, 9, &buf) }()
+	time.Sleep(50 * time.Millisecond)
+	j, err := c.Kill(ctx, id, "TERM")
+	if err != nil || j.Status != client.StatusAborted || j.Reason != "killed" {
+		t.Errorf("kill %+v, %v", j, err)
+	}
+	if err := <-done; err != nil || buf.String() != "ready at :8080\n" {
+		t.Errorf("follow %q, %v", buf.String(), err)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	h := newHarness(t, "tok")
+	ctx := t.Context()
+	c := client.New(h.addr, "tok")
+	tests := []struct {
+		name   string
+		call   func() error
+		status int
+		code   string
+		want   string
+	}{
+		{"unauthorized", func() error { _, err := client.New(h.addr, "bad").Runners(ctx); return err }, 401, "unauthorized", "Bearer"},
+		{"not found", func() error { _, err := c.Job(ctx, "0000000000000"); return err }, 404, "not_found", "does not exist"},
+		{"invalid start", func() error { _, err := c.Start(ctx, client.StartRequest{Command: "ls", Cwd: "rel"}); return err }, 400, "invalid", "cwd"},
+		{"bad pattern", func() error { _, err := c.Wait(ctx, "x", time.Second, "("); return err }, 400, "invalid", "pattern"},
+		{"bad status", func() error { _, err := c.Jobs(ctx, client.JobsQuery{Status: "done"}); return err }, 400, "invalid", "status"},
+		{"output of unknown", func() error { _, _, err := c.Output(ctx, "nope", 0, -1); return err }, 404, "not_found", "nope"},
+		{"follow of unknown", func() error { return c.Follow(ctx, "nope", 0, &bytes.Buffer{}) }, 404, "not_found", "nope"},
+		{"not the API", func() error { _, err := c.Do(ctx, "GET", "/nothing", nil); return err }, 404, "not_found", "No endpoint"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.call()
+			var e *client.Error
+			if !errors.As(err, &e) {
+				t.Fatalf("error %v (%T), want *client.Error", err, err)
+			}
+			if e.Status != tt.status || e.Code != tt.code || !strings.Contains(e.Message, tt.want) {
+				t.Errorf("error %+v, want %d %s with %q", e, tt.status, tt.code, tt.want)
+			}
+		})
+	}
+}
+
+// TestDo checks that the raw replies are the API's JSON and that the typed values re-encode to it.
+func TestDo(t *testing.T) {
+	h := newHarness(t, "")
+	c := client.New(h.addr, "")
+	ctx := t.Context()
+	h.svc.HandleHeartbeat(&proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now(), Time: time.Now()})
+
+	raw, err := c.Do(ctx, "POST", "/v1/jobs", map[string]any{"command": "ls", "cwd": h.cwd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st client.StartReply
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := json.Marshal(st)
+	if got, want := compact(t, again), compact(t, raw); got != want {
+		t.Errorf("re-encoded start reply\n%s\nwant\n%s", got, want)
+	}
+	raw, err = c.Do(ctx, "GET", client.JobsPath(client.JobsQuery{Limit: 1}), nil)
+	if err != nil || !strings.Contains(string(raw), st.Job.ID) {
+		t.Errorf("jobs %s, %v", raw, err)
+	}
+	raw, err = c.Do(ctx, "GET", client.WaitPath(st.Job.ID, 0, ""), nil)
+	if err != nil || !strings.Contains(string(raw), `"done":false`) {
+		t.Errorf("wait %s, %v", raw, err)
+	}
+	runners, err := c.Runners(ctx)
+	if err != nil || len(runners) != 1 || runners[0].ID != "r1" || runners[0].Slots != 2 {
+		t.Errorf("runners %+v, %v", runners, err)
+	}
+}
+
+// TestFollowCut checks that a stream the server cuts short is an error, not the job's end.
+func TestFollowCut(t *testing.T) {
+	h := newHarness(t, "")
+	c := client.New(h.addr, "")
+	h.setRun(func(w *proto.Work) { h.begin(w.JobID) })
+	st, err := c.Start(t.Context(), client.StartRequest{Command: "tail -f", Cwd: h.cwd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.output(st.Job.ID, 0, "x\n")
+	w := &firstWrite{seen: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- c.Follow(t.Context(), st.Job.ID, 0, w) }()
+	<-w.seen // the stream is open
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := h.srv.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "before the job ended") {
+		t.Errorf("follow cut by Close: %v", err)
+	}
+}
+
+func compact(t *testing.T, data []byte) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := json.Compact(&b, data); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// firstWrite closes seen at its first write.
+type firstWrite struct {
+	once sync.Once
+	seen chan struct{}
+}
+
+func (w *firstWrite) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.seen) })
+	return len(p), nil
+}

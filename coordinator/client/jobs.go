@@ -1,0 +1,159 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+func jobPath(id, suffix string) string { return "/v1/jobs/" + url.PathEscape(id) + suffix }
+
+// Start starts a job (POST /v1/jobs).
+func (c *Client) Start(ctx context.Context, req StartRequest) (*StartReply, error) {
+	var r StartReply
+	if err := c.call(ctx, "POST", "/v1/jobs", req, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Job returns a job (GET /v1/jobs/{id}).
+func (c *Client) Job(ctx context.Context, id string) (*Job, error) {
+	var j Job
+	if err := c.call(ctx, "GET", jobPath(id, ""), nil, &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
+}
+
+// JobsPath is the path of a listing, for Do.
+func JobsPath(q JobsQuery) string {
+	v := url.Values{}
+	if q.Session != "" {
+		v.Set("session", q.Session)
+	}
+	if q.Status != "" {
+		v.Set("status", q.Status)
+	}
+	if q.Limit != 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if len(v) == 0 {
+		return "/v1/jobs"
+	}
+	return "/v1/jobs?" + v.Encode()
+}
+
+// Jobs lists jobs, newest first (GET /v1/jobs).
+func (c *Client) Jobs(ctx context.Context, q JobsQuery) ([]Job, error) {
+	var r struct {
+		Jobs []Job `json:"jobs"`
+	}
+	if err := c.call(ctx, "GET", JobsPath(q), nil, &r); err != nil {
+		return nil, err
+	}
+	return r.Jobs, nil
+}
+
+// WaitPath is the path of a wait, for Do; see Wait.
+func WaitPath(id string, timeout time.Duration, pattern string) string {
+	v := url.Values{}
+	if timeout >= 0 {
+		v.Set("timeout_ms", strconv.FormatInt(timeout.Milliseconds(), 10))
+	}
+	if pattern != "" {
+		v.Set("pattern", pattern)
+	}
+	if len(v) == 0 {
+		return jobPath(id, "/wait")
+	}
+	return jobPath(id, "/wait?"+v.Encode())
+}
+
+// Wait returns when the job ends, when pattern (RE2; ^ and $ match at lines) matches its output,
+// or after timeout (GET /v1/jobs/{id}/wait). A timeout of 0 answers at once; a negative one means
+// the server's default, 30 s. ctx must outlast the timeout.
+func (c *Client) Wait(ctx context.Context, id string, timeout time.Duration, pattern string) (*WaitReply, error) {
+	var r WaitReply
+	if err := c.call(ctx, "GET", WaitPath(id, timeout, pattern), nil, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Output returns at most limit bytes of the job's output from offset (limit < 0: all there is
+// now) and the output's total size now (GET /v1/jobs/{id}/output).
+func (c *Client) Output(ctx context.Context, id string, offset, limit int64) ([]byte, int64, error) {
+	v := url.Values{}
+	v.Set("offset", strconv.FormatInt(offset, 10))
+	if limit >= 0 {
+		v.Set("limit", strconv.FormatInt(limit, 10))
+	}
+	resp, err := c.send(ctx, "GET", jobPath(id, "/output?"+v.Encode()), nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	total, err := strconv.ParseInt(resp.Header.Get("Sbx-Output-Length"), 10, 64)
+	if err != nil {
+		return nil, 0, fmt.Errorf("output of %s: bad Sbx-Output-Length %q", id, resp.Header.Get("Sbx-Output-Length"))
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, 0, fmt.Errorf("output of %s: %w", id, err)
+	}
+	return data, total, nil
+}
+
+// Follow writes the job's output from offset to w as it comes, until the job ends (nil) or ctx
+// ends (ctx's error). A stream the server cut short (it shut down) is an error, not an end: the
+// server ends a stream cleanly only after the job's last byte.
+func (c *Client) Follow(ctx context.Context, id string, offset int64, w io.Writer) error {
+	path := jobPath(id, "/output?follow=true&offset="+strconv.FormatInt(offset, 10))
+	resp, err := c.send(ctx, "GET", path, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return fmt.Errorf("follow output of %s: the server ended the stream before the job ended", id)
+		}
+		return fmt.Errorf("follow output of %s: %w", id, err)
+	}
+	return nil
+}
+
+// Kill stops a job and returns it (POST /v1/jobs/{id}/kill). signal "" means TERM, then KILL
+// after 2 s. Killing an ended job is an *Error with code "conflict".
+func (c *Client) Kill(ctx context.Context, id, signal string) (*Job, error) {
+	var body any
+	if signal != "" {
+		body = struct {
+			Signal string `json:"signal"`
+		}{signal}
+	}
+	var r struct {
+		Job Job `json:"job"`
+	}
+	if err := c.call(ctx, "POST", jobPath(id, "/kill"), body, &r); err != nil {
+		return nil, err
+	}
+	return &r.Job, nil
+}
+
+// Runners lists the runners the coordinator hears from (GET /v1/runners).
+func (c *Client) Runners(ctx context.Context) ([]Runner, error) {
+	var r []Runner
+	if err := c.call(ctx, "GET", "/v1/runners", nil, &r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}

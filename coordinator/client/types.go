@@ -1,0 +1,122 @@
+package client
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Job statuses.
+const (
+	StatusQueued    = "queued"
+	StatusRunning   = "running"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusAborted   = "aborted"
+)
+
+// Job is the API's job object. Nullable fields are pointers and encode as null, so that encoding
+// a Job gives back the API's object.
+type Job struct {
+	ID          string     `json:"id"`
+	Session     string     `json:"session"`
+	Title       string     `json:"title"`
+	Command     string     `json:"command"`
+	Cwd         string     `json:"cwd"`
+	Readonly    bool       `json:"readonly"`
+	Pool        string     `json:"pool"`
+	Status      string     `json:"status"`
+	Reason      string     `json:"reason"`
+	ExitCode    *int       `json:"exit_code"`
+	Pid         *int       `json:"pid"`
+	Runner      string     `json:"runner"`
+	CreatedAt   time.Time  `json:"created_at"`
+	StartedAt   *time.Time `json:"started_at"`
+	EndedAt     *time.Time `json:"ended_at"`
+	ElapsedMS   int64      `json:"elapsed_ms"`
+	OutputBytes int64      `json:"output_bytes"`
+	OutputPath  string     `json:"output_path"`
+	Limits      Limits     `json:"limits"`
+	Usage       *Usage     `json:"usage"`
+	Error       string     `json:"error,omitempty"`
+}
+
+// Ended reports whether the job's status is final.
+func (j *Job) Ended() bool {
+	return j.Status == StatusSucceeded || j.Status == StatusFailed || j.Status == StatusAborted
+}
+
+// Limits bound a job; zero means the default.
+type Limits struct {
+	MemoryBytes   int64 `json:"memory_bytes"`
+	CPUMillicores int64 `json:"cpu_millicores"`
+	Pids          int64 `json:"pids"`
+	OutputBytes   int64 `json:"output_bytes"`
+	TimeoutMS     int64 `json:"timeout_ms"`
+}
+
+// Usage is what an ended job consumed.
+type Usage struct {
+	CPUMS           int64  `json:"cpu_ms"`
+	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
+}
+
+// StartRequest asks for a job. Command and Cwd are required; the rest defaults.
+type StartRequest struct {
+	Command  string            `json:"command"`
+	Cwd      string            `json:"cwd"`
+	Title    string            `json:"title,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	Readonly bool              `json:"readonly,omitempty"`
+	Pool     string            `json:"pool,omitempty"`
+	Session  string            `json:"session,omitempty"`
+	Limits   *Limits           `json:"limits,omitempty"`
+	// BlockUntil makes the call wait up to this long for the job to end (sent as block_until_ms).
+	BlockUntil time.Duration `json:"-"`
+}
+
+// MarshalJSON encodes the request as the API's body, BlockUntil as block_until_ms.
+func (r StartRequest) MarshalJSON() ([]byte, error) {
+	type plain StartRequest // without this method
+	return json.Marshal(struct {
+		plain
+		BlockUntilMS int64 `json:"block_until_ms,omitempty"`
+	}{plain(r), r.BlockUntil.Milliseconds()})
+}
+
+// StartReply is the reply to a start. Output is the output so far (all of it when the job ended in
+// time) as a string: bytes that were not valid UTF-8 arrive as U+FFFD; Output on Client reads the
+// exact bytes.
+type StartReply struct {
+	Job          Job    `json:"job"`
+	Output       string `json:"output"`
+	Backgrounded bool   `json:"backgrounded"`
+}
+
+// WaitReply is what a wait saw.
+type WaitReply struct {
+	Job            Job  `json:"job"`
+	Done           bool `json:"done"`
+	PatternMatched bool `json:"pattern_matched"`
+}
+
+// JobsQuery selects jobs in a listing; zero fields select everything (Limit 0: the server's
+// default, 100).
+type JobsQuery struct {
+	Session string
+	Status  string
+	Limit   int
+}
+
+// Runner is a runner the coordinator hears from.
+type Runner struct {
+	ID             string            `json:"id"`
+	Pool           string            `json:"pool"`
+	Slots          int               `json:"slots"`
+	Running        int               `json:"running"`
+	Readonly       bool              `json:"readonly"`
+	ReadonlyReason string            `json:"readonly_reason"`
+	Cgroup         string            `json:"cgroup"`
+	Labels         map[string]string `json:"labels"`
+	LastSeen       time.Time         `json:"last_seen"`
+	Version        string            `json:"version"`
+}

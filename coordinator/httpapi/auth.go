@@ -1,0 +1,29 @@
+package httpapi
+
+import (
+	"crypto/subtle"
+	"net/http"
+
+	"github.com/sbx-dev/sbx/coordinator"
+)
+
+// openPaths stay reachable without the token, for probes and scrapers.
+var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+
+// authenticate requires the bearer token on every call but the open paths when a token is
+// configured. It fails closed: unknown paths need the token too, so they reveal nothing.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	if s.cfg.Token == "" {
+		return next
+	}
+	want := []byte("Bearer " + s.cfg.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !openPaths[r.URL.Path] && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)
+			s.writeError(w, r, coordinator.Errorf(coordinator.EUNAUTHORIZED,
+				"This call needs the header Authorization: Bearer TOKEN with the coordinator's token (SBX_TOKEN)."))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

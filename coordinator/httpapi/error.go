@@ -1,0 +1,102 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/sbx-dev/sbx/coordinator"
+)
+
+// codeMethodNotAllowed is the API's code for a known path called with another method; every other
+// code is a domain one.
+const codeMethodNotAllowed = "method_not_allowed"
+
+// statuses maps the domain's error codes to HTTP statuses. It is the only such mapping.
+var statuses = map[string]int{
+	coordinator.EINVALID:             http.StatusBadRequest,
+	coordinator.EUNAUTHORIZED:        http.StatusUnauthorized,
+	coordinator.ENOTFOUND:            http.StatusNotFound,
+	codeMethodNotAllowed:             http.StatusMethodNotAllowed,
+	coordinator.ECONFLICT:            http.StatusConflict,
+	coordinator.ETOOLARGE:            http.StatusRequestEntityTooLarge,
+	coordinator.EINTERNAL:            http.StatusInternalServerError,
+	coordinator.EUNAVAILABLE:         http.StatusServiceUnavailable,
+	coordinator.EREADONLYUNAVAILABLE: http.StatusServiceUnavailable,
+}
+
+// errorBody is the API's error shape: {"error": {"code": "...", "message": "..."}}.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// writeError writes err as the API's error. A *coordinator.Error is shown as it is; any other
+// error is logged and hidden behind a generic message, except a request's cancellation, which only
+// happens when the client went away or the server is shutting down.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	code, msg := coordinator.ErrorCode(err), coordinator.ErrorMessage(err)
+	switch {
+	case code != coordinator.EINTERNAL:
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		code, msg = coordinator.EUNAVAILABLE, "The request was cancelled: the client went away or the server is shutting down."
+	default:
+		s.log.Error("http request", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	status, ok := statuses[code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	writeJSON(w, status, errorBody{errorDetail{Code: code, Message: msg}})
+}
+
+// writeJSON writes v with the status. Encoding the API's own types cannot fail; a write error means
+// the client went away, and there is no one left to tell.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// invalid returns an EINVALID error.
+func invalid(format string, args ...any) error {
+	return coordinator.Errorf(coordinator.EINVALID, format, args...)
+}
+
+// recorder captures what the mux's own 404 and 405 handlers write, to rewrite them as JSON.
+type recorder struct {
+	header http.Header
+	code   int
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(p []byte) (int, error) { return len(p), nil }
+func (r *recorder) WriteHeader(code int)        { r.code = code }
+
+// notFound answers a request that matched no pattern: a JSON 404, a JSON 405 with Allow when the
+// path exists with other methods, or the mux's redirect to the cleaned path.
+func (s *Server) notFound(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
+	h, _ := mux.Handler(r)
+	rec := &recorder{header: http.Header{}, code: http.StatusOK}
+	h.ServeHTTP(rec, r)
+	switch rec.code {
+	case http.StatusNotFound:
+		s.writeError(w, r, coordinator.Errorf(coordinator.ENOTFOUND, "No endpoint %s %s; see API.md.", r.Method, r.URL.Path))
+	case http.StatusMethodNotAllowed:
+		w.Header().Set("Allow", rec.header.Get("Allow"))
+		s.writeError(w, r, coordinator.Errorf(codeMethodNotAllowed, "%s is not allowed on %s; use %s.", r.Method, r.URL.Path, rec.header.Get("Allow")))
+	default:
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.code)
+	}
+}

@@ -1,0 +1,41 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator"
+)
+
+// readyTimeout bounds the readiness checks of one /readyz.
+const readyTimeout = 5 * time.Second
+
+type healthReply struct {
+	Status  string `json:"status"`
+	Version string `json:"version,omitempty"`
+}
+
+// handleHealthz answers while the process serves: liveness only.
+func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, healthReply{Status: "ok", Version: s.cfg.Version})
+}
+
+// handleReadyz answers 200 when the dependencies are ready and a runner is connected, else 503
+// naming what is missing.
+func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Ready != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+		defer cancel()
+		if err := s.cfg.Ready(ctx); err != nil {
+			// The checks' errors name a dependency (the store, NATS); they are meant for operators.
+			s.writeError(w, r, coordinator.Errorf(coordinator.EUNAVAILABLE, "Not ready: %v.", err))
+			return
+		}
+	}
+	if len(s.svc.Runners()) == 0 {
+		s.writeError(w, r, coordinator.Errorf(coordinator.EUNAVAILABLE, "Not ready: no runner is connected."))
+		return
+	}
+	writeJSON(w, http.StatusOK, healthReply{Status: "ok", Version: s.cfg.Version})
+}

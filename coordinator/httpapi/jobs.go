@@ -1,0 +1,235 @@
+package httpapi
+
+import (
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// MaxPatternBytes bounds a wait's pattern.
+const MaxPatternBytes = 4096
+
+// startBody is the body of POST /v1/jobs.
+type startBody struct {
+	Command      string            `json:"command"`
+	Cwd          string            `json:"cwd"`
+	Title        string            `json:"title"`
+	Env          map[string]string `json:"env"`
+	Readonly     bool              `json:"readonly"`
+	Pool         string            `json:"pool"`
+	Session      string            `json:"session"`
+	Limits       limitsView        `json:"limits"`
+	BlockUntilMS int64             `json:"block_until_ms"`
+}
+
+// startReply is the reply to POST /v1/jobs. Output is the output's bytes (its last
+// coordinator.MaxReplyOutput) as a JSON string: bytes that are not valid UTF-8 become U+FFFD, so
+// a client that needs the exact bytes reads GET /v1/jobs/{id}/output.
+type startReply struct {
+	Job          *jobView `json:"job"`
+	Output       string   `json:"output"`
+	Backgrounded bool     `json:"backgrounded"`
+}
+
+func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
+	var b startBody
+	if err := decodeBody(w, r, &b, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	// Checked here as well as in the domain: a huge value would overflow time.Duration.
+	if maxMS := coordinator.MaxBlockUntil.Milliseconds(); b.BlockUntilMS < 0 || b.BlockUntilMS > maxMS {
+		s.writeError(w, r, invalid("block_until_ms must be between 0 and %d.", maxMS))
+		return
+	}
+	if b.Session == "" {
+		b.Session = r.Header.Get("Sbx-Session")
+	}
+	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly,
+		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
+		Limits: coordinator.Limits{
+			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
+			Pids: b.Limits.Pids, OutputBytes: b.Limits.OutputBytes, TimeoutMS: b.Limits.TimeoutMS,
+		},
+	})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, startReply{
+		Job: viewJob(res.Job, time.Now()), Output: string(res.Output), Backgrounded: res.Backgrounded,
+	})
+}
+
+func (s *Server) handleJob(w http.ResponseWriter, r *http.Request) {
+	job, err := s.svc.Job(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewJob(job, time.Now()))
+}
+
+type jobsReply struct {
+	Jobs []*jobView `json:"jobs"`
+}
+
+func (s *Server) handleJobs(w http.ResponseWriter, r *http.Request) {
+	limit, err := queryInt(r, "limit", 0, 1, 1000)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	jobs, err := s.svc.Jobs(r.Context(), coordinator.JobFilter{
+		Session: q.Get("session"), Status: coordinator.Status(q.Get("status")), Limit: int(limit),
+	})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	now := time.Now()
+	reply := jobsReply{Jobs: make([]*jobView, 0, len(jobs))}
+	for _, j := range jobs {
+		reply.Jobs = append(reply.Jobs, viewJob(j, now))
+	}
+	writeJSON(w, http.StatusOK, reply)
+}
+
+type waitReply struct {
+	Job            *jobView `json:"job"`
+	Done           bool     `json:"done"`
+	PatternMatched bool     `json:"pattern_matched"`
+}
+
+// handleWait is AwaitShell: it returns when the job ends, when pattern matches its output, or at
+// the timeout. The pattern is RE2 in multiline mode: ^ and $ match at line boundaries.
+func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
+	timeout, err := queryInt(r, "timeout_ms", coordinator.DefaultWait.Milliseconds(), 0, coordinator.MaxWaitTimeout.Milliseconds())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var re *regexp.Regexp
+	if p := r.URL.Query().Get("pattern"); p != "" {
+		if re, err = compilePattern(p); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	res, err := s.svc.Wait(r.Context(), r.PathValue("id"), time.Duration(timeout)*time.Millisecond, re)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, waitReply{
+		Job: viewJob(res.Job, time.Now()), Done: res.Done, PatternMatched: res.PatternMatched,
+	})
+}
+
+func compilePattern(p string) (*regexp.Regexp, error) {
+	if len(p) > MaxPatternBytes {
+		return nil, invalid("pattern is %d bytes; the limit is %d.", len(p), MaxPatternBytes)
+	}
+	// Compiled alone first so that the error quotes the client's pattern, not ours.
+	if _, err := regexp.Compile(p); err != nil {
+		return nil, invalid("pattern is not a valid RE2 expression: %v.", err)
+	}
+	re, err := regexp.Compile("(?m)" + p)
+	if err != nil {
+		return nil, invalid("pattern is not a valid RE2 expression: %v.", err)
+	}
+	return re, nil
+}
+
+// handleOutput sends the output's bytes from offset: at most limit of what there is now, or with
+// follow=true everything until the job ends (chunked, flushed as it comes). Sbx-Output-Length is
+// the output's size when the reply starts.
+func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
+	offset, err := queryInt(r, "offset", 0, 0, proto.MaxOutputBytes)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	limit, err := queryInt(r, "limit", -1, 0, proto.MaxOutputBytes)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	follow, err := queryBool(r, "follow")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if follow && limit >= 0 {
+		s.writeError(w, r, invalid("limit cannot be combined with follow=true."))
+		return
+	}
+	id := r.PathValue("id")
+	if follow {
+		limit = 0 // only the size and the job's existence, checked before the reply starts
+	}
+	rc, size, err := s.svc.Output(r.Context(), id, offset, limit)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer rc.Close()
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Sbx-Output-Length", strconv.FormatInt(size, 10))
+	w.WriteHeader(http.StatusOK)
+	if !follow {
+		if _, err := io.Copy(w, rc); err != nil {
+			s.log.Debug("send output", "job", id, "err", err)
+		}
+		return
+	}
+	ctl := http.NewResponseController(w)
+	flush := func() { _ = ctl.Flush() } // a failed flush means the client left; Follow's next write fails
+	flush()
+	err = s.svc.Follow(r.Context(), id, offset, w, flush)
+	if err != nil && r.Context().Err() == nil {
+		s.log.Warn("follow output", "job", id, "err", err)
+	}
+	if err != nil || r.Context().Err() != nil {
+		// The stream ends cleanly only after the job's last byte. Cut short (the server is closing,
+		// or the output could not be read), it is aborted so that the client sees a broken stream
+		// rather than an end.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+type killBody struct {
+	Signal string `json:"signal"`
+}
+
+type killReply struct {
+	Job *jobView `json:"job"`
+}
+
+func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
+	var b killBody
+	if err := decodeBody(w, r, &b, true); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	if err := s.svc.Kill(r.Context(), id, b.Signal); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	job, err := s.svc.Job(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, killReply{Job: viewJob(job, time.Now())})
+}

@@ -1,0 +1,13 @@
+package httpapi
+
+import "net/http"
+
+// handleRunners lists the live runners as a bare JSON array, as API.md has it.
+func (s *Server) handleRunners(w http.ResponseWriter, r *http.Request) {
+	runners := s.svc.Runners()
+	out := make([]runnerView, 0, len(runners))
+	for _, rn := range runners {
+		out = append(out, viewRunner(rn))
+	}
+	writeJSON(w, http.StatusOK, out)
+}

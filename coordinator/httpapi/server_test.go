@@ -1,0 +1,449 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// fakeDispatcher stands in for the runners: Dispatch records the work and calls run, which may
+// play a runner's events back into the service.
+type fakeDispatcher struct {
+	mu       sync.Mutex
+	seq      uint64
+	work     []*proto.Work
+	controls []*proto.Control
+	run      func(w *proto.Work)
+	control  func(c *proto.Control)
+}
+
+func (d *fakeDispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, error) {
+	d.mu.Lock()
+	d.seq++
+	seq, run := d.seq, d.run
+	d.work = append(d.work, w)
+	d.mu.Unlock()
+	if run != nil {
+		run(w)
+	}
+	return seq, nil
+}
+
+func (d *fakeDispatcher) Withdraw(context.Context, uint64) (bool, error) { return true, nil }
+
+func (d *fakeDispatcher) Control(_ context.Context, _ string, c *proto.Control) (*proto.ControlReply, error) {
+	d.mu.Lock()
+	d.controls = append(d.controls, c)
+	control := d.control
+	d.mu.Unlock()
+	if control != nil {
+		control(c)
+	}
+	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, nil
+}
+
+func (d *fakeDispatcher) setRun(run func(*proto.Work)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.run = run
+}
+
+func (d *fakeDispatcher) setControl(control func(*proto.Control)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.control = control
+}
+
+func (d *fakeDispatcher) works() []*proto.Work {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*proto.Work(nil), d.work...)
+}
+
+func (d *fakeDispatcher) controlled() []*proto.Control {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*proto.Control(nil), d.controls...)
+}
+
+// harness is a real Service on the real store, behind the real handler.
+type harness struct {
+	t    *testing.T
+	svc  *coordinator.Service
+	disp *fakeDispatcher
+	url  string
+	cwd  string
+}
+
+func newHarness(t *testing.T, cfg httpapi.Config) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := store.Open(dir + "/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	terms, err := store.OpenTerminals(dir + "/terminals")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { terms.Close() })
+	disp := &fakeDispatcher{}
+	svc, err := coordinator.New(t.Context(), coordinator.Config{}, db, terms, disp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpapi.NewServer(svc, cfg).Handler())
+	t.Cleanup(srv.Close)
+	return &harness{t: t, svc: svc, disp: disp, url: srv.URL, cwd: t.TempDir()}
+}
+
+// heartbeat makes runner r1 of the default pool known.
+func (h *harness) heartbeat() {
+	h.svc.HandleHeartbeat(&proto.Heartbeat{
+		V: proto.Version, Runner: "r1", Pool: "default", Slots: 4, Readonly: true, Cgroup: "/sbx",
+		Version: "test", Boot: time.Now(), Time: time.Now(), Labels: map[string]string{"os": "linux"},
+	})
+}
+
+func (h *harness) event(e *proto.Event) {
+	h.t.Helper()
+	e.V, e.Runner = proto.Version, "r1"
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	if err := h.svc.HandleEvent(context.Background(), e); err != nil {
+		h.t.Error(err)
+	}
+}
+
+// begin plays "accepted" and "started" for a job.
+func (h *harness) begin(id string) {
+	h.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
+	h.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 4242})
+}
+
+// output appends data at offset.
+func (h *harness) output(id string, offset int64, data string) {
+	h.t.Helper()
+	if err := h.svc.HandleChunk(context.Background(), &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)}); err != nil {
+		h.t.Error(err)
+	}
+}
+
+// exit plays the end of a job whose output was size bytes.
+func (h *harness) exit(id string, code int, size int64) {
+	h.event(&proto.Event{
+		Kind: proto.EventExited, JobID: id, Reason: proto.ReasonExit, ExitCode: &code,
+		OutputBytes: size, Usage: &proto.Usage{CPUMS: 12, MemoryPeakBytes: 1 << 20},
+	})
+}
+
+// killed plays the end of a job killed by its runner.
+func (h *harness) killed(id string) {
+	h.event(&proto.Event{Kind: proto.EventExited, JobID: id, Reason: proto.ReasonKilled})
+}
+
+// finishWith makes every dispatched job run at once, print out and exit with code.
+func (h *harness) finishWith(out string, code int) {
+	h.disp.setRun(func(w *proto.Work) {
+		h.begin(w.JobID)
+		h.output(w.JobID, 0, out)
+		h.exit(w.JobID, code, int64(len(out)))
+	})
+}
+
+// startOnly makes every dispatched job start and keep running.
+func (h *harness) startOnly() {
+	h.disp.setRun(func(w *proto.Work) { h.begin(w.JobID) })
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r *reply) decode(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("decode %s: %v", r.body, err)
+	}
+}
+
+// apiError is the API's error body.
+type apiError struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// wantError checks the status, the code and that the message names want.
+func (r *reply) wantError(t *testing.T, status int, code, want string) {
+	t.Helper()
+	if r.status != status {
+		t.Errorf("status %d, want %d; body %s", r.status, status, r.body)
+	}
+	var e apiError
+	r.decode(t, &e)
+	if e.Error.Code != code || !strings.Contains(e.Error.Message, want) {
+		t.Errorf("error %+v, want code %s and a message with %q", e.Error, code, want)
+	}
+}
+
+func (h *harness) do(method, path string, body io.Reader, header ...string) *reply {
+	h.t.Helper()
+	req, err := http.NewRequestWithContext(h.t.Context(), method, h.url+path, body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return &reply{status: resp.StatusCode, header: resp.Header, body: data}
+}
+
+func (h *harness) get(path string, header ...string) *reply { return h.do("GET", path, nil, header...) }
+
+func (h *harness) post(path string, body any, header ...string) *reply {
+	h.t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		r = strings.NewReader(b)
+	default:
+		data, err := json.Marshal(b)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		r = bytes.NewReader(data)
+	}
+	return h.do("POST", path, r, header...)
+}
+
+// job is the part of the job object the tests look at; raw keeps all of it.
+type job struct {
+	ID          string          `json:"id"`
+	Session     string          `json:"session"`
+	Title       string          `json:"title"`
+	Status      string          `json:"status"`
+	Reason      string          `json:"reason"`
+	ExitCode    *int            `json:"exit_code"`
+	Pid         *int            `json:"pid"`
+	OutputBytes int64           `json:"output_bytes"`
+	Limits      map[string]any  `json:"limits"`
+	Usage       json.RawMessage `json:"usage"`
+}
+
+type startReply struct {
+	Job          job    `json:"job"`
+	Output       string `json:"output"`
+	Backgrounded bool   `json:"backgrounded"`
+}
+
+// start starts a job and returns its reply; it fails the test unless the status is 201.
+func (h *harness) start(body map[string]any, header ...string) *startReply {
+	h.t.Helper()
+	if _, ok := body["cwd"]; !ok {
+		body["cwd"] = h.cwd
+	}
+	r := h.post("/v1/jobs", body, header...)
+	if r.status != http.StatusCreated {
+		h.t.Fatalf("start: status %d: %s", r.status, r.body)
+	}
+	var s startReply
+	r.decode(h.t, &s)
+	return &s
+}
+
+func TestRoutes(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	tests := []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{"GET", "/v2/nothing", 404, "not_found"},
+		{"GET", "/v1/jobs/x/y/z", 404, "not_found"},
+		{"DELETE", "/v1/jobs", 405, "method_not_allowed"},
+		{"POST", "/v1/runners", 405, "method_not_allowed"},
+		{"GET", "/v1/jobs/x/kill", 405, "method_not_allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			r := h.do(tt.method, tt.path, nil)
+			r.wantError(t, tt.status, tt.code, "")
+			if tt.status == 405 && r.header.Get("Allow") == "" {
+				t.Error("405 without Allow")
+			}
+		})
+	}
+}
+
+func TestAuth(t *testing.T) {
+	h := newHarness(t, httpapi.Config{Token: "s3cret"})
+	tests := []struct {
+		name, path, auth string
+		status           int
+	}{
+		{"no token", "/v1/jobs", "", 401},
+		{"wrong token", "/v1/jobs", "Bearer nope", 401},
+		{"not bearer", "/v1/jobs", "s3cret", 401},
+		{"unknown path", "/v2/x", "", 401},
+		{"right token", "/v1/jobs", "Bearer s3cret", 200},
+		{"healthz open", "/healthz", "", 200},
+		{"metrics open", "/metrics", "", 200},
+		{"readyz open", "/readyz", "", 503},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var r *reply
+			if tt.auth == "" {
+				r = h.get(tt.path)
+			} else {
+				r = h.get(tt.path, "Authorization", tt.auth)
+			}
+			if tt.status == 401 {
+				r.wantError(t, 401, "unauthorized", "Bearer")
+			} else if r.status != tt.status {
+				t.Errorf("status %d, want %d: %s", r.status, tt.status, r.body)
+			}
+		})
+	}
+}
+
+func TestHealth(t *testing.T) {
+	var readyErr error
+	h := newHarness(t, httpapi.Config{Version: "v1.2.3", Ready: func(context.Context) error { return readyErr }})
+
+	r := h.get("/healthz")
+	if r.status != 200 || !strings.Contains(string(r.body), `"status":"ok"`) {
+		t.Errorf("healthz: %d %s", r.status, r.body)
+	}
+	h.get("/readyz").wantError(t, 503, "unavailable", "no runner")
+	h.heartbeat()
+	if r := h.get("/readyz"); r.status != 200 {
+		t.Errorf("readyz with a runner: %d %s", r.status, r.body)
+	}
+	readyErr = errors.New("NATS is not connected")
+	h.get("/readyz").wantError(t, 503, "unavailable", "NATS is not connected")
+}
+
+func TestRunners(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	if r := h.get("/v1/runners"); r.status != 200 || strings.TrimSpace(string(r.body)) != "[]" {
+		t.Errorf("no runners: %d %s", r.status, r.body)
+	}
+	h.heartbeat()
+	var runners []map[string]any
+	h.get("/v1/runners").decode(t, &runners)
+	if len(runners) != 1 {
+		t.Fatalf("runners %v", runners)
+	}
+	for _, k := range []string{"id", "pool", "slots", "running", "readonly", "readonly_reason", "cgroup", "labels", "last_seen", "version"} {
+		if _, ok := runners[0][k]; !ok {
+			t.Errorf("runner lacks %q: %v", k, runners[0])
+		}
+	}
+	if runners[0]["id"] != "r1" || runners[0]["slots"] != 4.0 {
+		t.Errorf("runner %v", runners[0])
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.heartbeat()
+	h.finishWith("hi\n", 1)
+	h.start(map[string]any{"command": "false", "block_until_ms": 1000})
+	h.get("/v1/jobs/nope")
+	r := h.get("/metrics")
+	if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Errorf("Content-Type %q", ct)
+	}
+	for _, want := range []string{
+		"sbx_jobs_started_total 1\n",
+		`sbx_jobs_ended_total{status="failed"} 1` + "\n",
+		`sbx_jobs_ended_total{status="succeeded"} 0` + "\n",
+		"sbx_jobs_live 0\n",
+		"sbx_runners 1\n",
+		"sbx_events_total 3\n",
+		"sbx_output_bytes_total 3\n",
+		`sbx_http_requests_total{code="201"} 1` + "\n",
+		`sbx_http_requests_total{code="404"} 1` + "\n",
+		"# TYPE sbx_http_requests_total counter\n",
+	} {
+		if !strings.Contains(string(r.body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, r.body)
+		}
+	}
+}
+
+// TestOpenClose serves on a real listener and checks that Close ends a wait in progress.
+func TestOpenClose(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.startOnly()
+	id := h.start(map[string]any{"command": "sleep 1000"}).Job.ID
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := httpapi.NewServer(h.svc, httpapi.Config{})
+	s.Open(ln)
+	url := "http://" + ln.Addr().String()
+	resp, err := http.Get(url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	done := make(chan int)
+	go func() {
+		resp, err := http.Get(url + "/v1/jobs/" + id + "/wait?timeout_ms=600000")
+		if err != nil {
+			done <- 0
+			return
+		}
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	time.Sleep(100 * time.Millisecond) // let the wait begin
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != http.StatusServiceUnavailable && code != 0 {
+			t.Errorf("wait cut by Close: status %d", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("wait still running after Close")
+	}
+}

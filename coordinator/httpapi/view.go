@@ -1,0 +1,110 @@
+package httpapi
+
+import (
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator"
+)
+
+// jobView is the API's job object (API.md "Job object"). It is built from a coordinator.Job rather
+// than serializing that, which carries internal fields (work_seq, accepted_at). Unset values are
+// null, not absent: exit_code until the end, pid before the start, started_at, ended_at, usage.
+type jobView struct {
+	ID          string     `json:"id"`
+	Session     string     `json:"session"`
+	Title       string     `json:"title"`
+	Command     string     `json:"command"`
+	Cwd         string     `json:"cwd"`
+	Readonly    bool       `json:"readonly"`
+	Pool        string     `json:"pool"`
+	Status      string     `json:"status"`
+	Reason      string     `json:"reason"`
+	ExitCode    *int       `json:"exit_code"`
+	Pid         *int       `json:"pid"`
+	Runner      string     `json:"runner"`
+	CreatedAt   time.Time  `json:"created_at"`
+	StartedAt   *time.Time `json:"started_at"`
+	EndedAt     *time.Time `json:"ended_at"`
+	ElapsedMS   int64      `json:"elapsed_ms"`
+	OutputBytes int64      `json:"output_bytes"`
+	OutputPath  string     `json:"output_path"`
+	Limits      limitsView `json:"limits"`
+	Usage       *usageView `json:"usage"`
+	Error       string     `json:"error,omitempty"`
+}
+
+// limitsView shows every limit, 0 meaning the runner's default, unlike proto.Limits which omits
+// zeros on the wire.
+type limitsView struct {
+	MemoryBytes   int64 `json:"memory_bytes"`
+	CPUMillicores int64 `json:"cpu_millicores"`
+	Pids          int64 `json:"pids"`
+	OutputBytes   int64 `json:"output_bytes"`
+	TimeoutMS     int64 `json:"timeout_ms"`
+}
+
+type usageView struct {
+	CPUMS           int64  `json:"cpu_ms"`
+	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
+}
+
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// viewJob builds the API's job object at time now.
+func viewJob(j *coordinator.Job, now time.Time) *jobView {
+	v := &jobView{
+		ID: j.ID, Session: j.Session, Title: j.Title, Command: j.Command, Cwd: j.Cwd,
+		Readonly: j.Readonly, Pool: j.Pool, Status: string(j.Status), Reason: j.Reason,
+		Runner: j.Runner, CreatedAt: j.CreatedAt.UTC(), StartedAt: utc(j.StartedAt),
+		EndedAt: utc(j.EndedAt), ElapsedMS: j.ElapsedMS(now), OutputBytes: j.OutputBytes,
+		OutputPath: j.OutputPath, Error: j.Error,
+		Limits: limitsView{
+			MemoryBytes: j.Limits.MemoryBytes, CPUMillicores: j.Limits.CPUMillicores,
+			Pids: j.Limits.Pids, OutputBytes: j.Limits.OutputBytes, TimeoutMS: j.Limits.TimeoutMS,
+		},
+	}
+	if j.ExitCode != nil {
+		c := *j.ExitCode
+		v.ExitCode = &c
+	}
+	if j.Pid != 0 {
+		p := j.Pid
+		v.Pid = &p
+	}
+	if j.Usage != nil {
+		v.Usage = &usageView{CPUMS: j.Usage.CPUMS, MemoryPeakBytes: j.Usage.MemoryPeakBytes}
+	}
+	return v
+}
+
+// runnerView is one element of GET /v1/runners.
+type runnerView struct {
+	ID             string            `json:"id"`
+	Pool           string            `json:"pool"`
+	Slots          int               `json:"slots"`
+	Running        int               `json:"running"`
+	Readonly       bool              `json:"readonly"`
+	ReadonlyReason string            `json:"readonly_reason"`
+	Cgroup         string            `json:"cgroup"`
+	Labels         map[string]string `json:"labels"`
+	LastSeen       time.Time         `json:"last_seen"`
+	Version        string            `json:"version"`
+}
+
+func viewRunner(r coordinator.Runner) runnerView {
+	labels := r.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	return runnerView{
+		ID: r.ID, Pool: r.Pool, Slots: r.Slots, Running: r.Running, Readonly: r.Readonly,
+		ReadonlyReason: r.ReadonlyReason, Cgroup: r.Cgroup, Labels: labels,
+		LastSeen: r.LastSeen.UTC(), Version: r.Version,
+	}
+}
