@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"os/exec"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator/client"
+)
+
+// percentile returns the p-th percentile (0-100) of durations, in milliseconds.
+func percentile(d []time.Duration, p float64) float64 {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, k int) bool { return s[i] < s[k] })
+	i := int(float64(len(s)-1) * p / 100)
+	return float64(s[i]) / float64(time.Millisecond)
+}
+
+// BenchmarkRunToExit measures `true` from POST /v1/jobs (block_until_ms) to the reply with its exit,
+// against a bare fork/exec of `sh -c true` measured in the same run.
+func BenchmarkRunToExit(b *testing.B) {
+	s := startServe(b)
+	ctx := b.Context()
+	req := client.StartRequest{Command: "true", Cwd: "/", BlockUntil: 10 * time.Second}
+	for range 5 { // warm up
+		if _, err := s.c.Start(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	api := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		r, err := s.c.Start(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		api = append(api, time.Since(t0))
+		if r.Backgrounded || r.Job.ExitCode == nil || *r.Job.ExitCode != 0 {
+			b.Fatalf("job did not end within block_until_ms: %+v", r.Job)
+		}
+	}
+	b.StopTimer()
+	bare := make([]time.Duration, 0, b.N)
+	for range b.N {
+		t0 := time.Now()
+		if err := exec.Command("sh", "-c", "true").Run(); err != nil {
+			b.Fatal(err)
+		}
+		bare = append(bare, time.Since(t0))
+	}
+	b.ReportMetric(percentile(api, 50), "p50-ms")
+	b.ReportMetric(percentile(api, 99), "p99-ms")
+	b.ReportMetric(percentile(bare, 50), "bare-p50-ms")
+	b.ReportMetric(percentile(bare, 99), "bare-p99-ms")
+	b.ReportMetric(percentile(api, 50)/percentile(bare, 50), "p50-x-bare")
+}
+
+// BenchmarkOutputThroughput measures one job writing 256 MiB into the coordinator: from the start to
+// the job's end with every byte stored, then checks the bytes.
+func BenchmarkOutputThroughput(b *testing.B) {
+	s := startServe(b)
+	ctx := b.Context()
+	const size = 256 << 20
+	line := "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefghijklmnopqrstuvwxyz"
+	req := client.StartRequest{Command: fmt.Sprintf("yes %s | head -c %d", line, size), Cwd: "/"}
+	b.SetBytes(size)
+	b.ResetTimer()
+	var elapsed time.Duration
+	for range b.N {
+		t0 := time.Now()
+		r, err := s.c.Start(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w, err := s.c.Wait(ctx, r.Job.ID, time.Minute, "")
+		if err != nil || !w.Done {
+			b.Fatalf("wait: %+v, %v", w, err)
+		}
+		elapsed += time.Since(t0)
+		b.StopTimer()
+		out, total, err := s.c.Output(ctx, r.Job.ID, 0, -1)
+		if err != nil || total != size || len(out) != size {
+			b.Fatalf("output: %d bytes (total %d), %v", len(out), total, err)
+		}
+		want := []byte(line + "\n")
+		for off := 0; off < size; off += len(want) {
+			n := min(len(want), size-off)
+			if string(out[off:off+n]) != string(want[:n]) {
+				b.Fatalf("output differs at byte %d", off)
+			}
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(size*b.N)/elapsed.Seconds()/1e6, "MB/s")
+}

@@ -1,0 +1,414 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator/client"
+)
+
+// maxWaitStep is the longest single wait the API accepts; longer waits are made of several.
+const maxWaitStep = 7140 * time.Second
+
+// clientCmd is what every client command shares: the client and the --json flag.
+type clientCmd struct {
+	c      *client.Client
+	json   bool
+	stdout io.Writer
+	addr   string
+}
+
+func cmdClient(ctx context.Context, name string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	addr := getenv("SBX_ADDR")
+	if addr == "" {
+		addr = "http://127.0.0.1:7070"
+	}
+	cc := &clientCmd{c: client.New(addr, getenv("SBX_TOKEN")), stdout: stdout, addr: addr}
+	fs := newFlags(name, stderr)
+	fs.BoolVar(&cc.json, "json", false, "print the API's JSON")
+	var err error
+	switch name {
+	case "run":
+		err = cc.run(ctx, fs, args)
+	case "ps":
+		err = cc.ps(ctx, fs, args)
+	case "status":
+		err = cc.status(ctx, fs, args)
+	case "wait":
+		err = cc.wait(ctx, fs, args)
+	case "logs":
+		err = cc.logs(ctx, fs, args)
+	case "kill":
+		err = cc.kill(ctx, fs, args)
+	case "runners":
+		err = cc.runners(ctx, fs, args)
+	}
+	return cc.explain(err)
+}
+
+// explain turns transport and API errors into one clear line.
+func (cc *clientCmd) explain(err error) error {
+	var apiErr *client.Error
+	var netErr *net.OpError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &apiErr):
+		return &exitError{code: 1, msg: apiErr.Message + " (" + apiErr.Code + ")"}
+	case errors.As(err, &netErr):
+		return &exitError{code: 1, msg: fmt.Sprintf("cannot reach the coordinator at %s (is `sbx serve` running? set SBX_ADDR): %v", cc.addr, netErr.Err)}
+	}
+	return err
+}
+
+// parseArgs parses flags that may come before or after the positional arguments; everything after
+// "--" is positional.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for len(args) > 0 {
+		if err := parse(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	return pos, nil
+}
+
+// oneID parses flags and exactly one job id.
+func oneID(fs *flag.FlagSet, args []string) (string, error) {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return "", err
+	}
+	if len(pos) != 1 {
+		return "", usageError("%s: want exactly one job id, got %d arguments", fs.Name(), len(pos))
+	}
+	return pos[0], nil
+}
+
+func (cc *clientCmd) printJSON(data []byte) error {
+	_, err := fmt.Fprintln(cc.stdout, strings.TrimSpace(string(data)))
+	return err
+}
+
+// exitWith is the exit status of a command that reports an ended job: the job's exit code.
+func exitWith(j *client.Job) error {
+	if j.ExitCode == nil {
+		return &exitError{code: 1, msg: fmt.Sprintf("job %s %s (%s) %s", j.ID, j.Status, j.Reason, j.Error)}
+	}
+	if *j.ExitCode == 0 {
+		return nil
+	}
+	return &exitError{code: *j.ExitCode}
+}
+
+// envList collects repeated --env K=V flags.
+type envList map[string]string
+
+func (e envList) String() string { return "" }
+func (e envList) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want K=V, got %q", v)
+	}
+	e[k] = val
+	return nil
+}
+
+// parseBytes reads sizes like 512M, 1G, 64MiB, 1000000.
+func parseBytes(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1}}
+	mult := int64(1)
+	num := s
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || f < 0 || f*float64(mult) > 1<<50 {
+		return 0, fmt.Errorf("%q is not a size like 512M", s)
+	}
+	return int64(f * float64(mult)), nil
+}
+
+func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	req := client.StartRequest{Env: envList{}}
+	var limits client.Limits
+	var wait, timeout time.Duration
+	var memory string
+	var cpus float64
+	fs.BoolVar(&req.Readonly, "readonly", false, "run in the read-only sandbox")
+	fs.StringVar(&req.Cwd, "cwd", "", "directory to run in (default: the current one)")
+	fs.StringVar(&req.Title, "title", "", "title (default: the command's first line)")
+	fs.DurationVar(&wait, "wait", 0, "wait this long for the job to end; print its output and exit with its code")
+	fs.DurationVar(&timeout, "timeout", 0, "stop the job after this long")
+	fs.StringVar(&memory, "memory", "", "memory limit, e.g. 512M")
+	fs.Int64Var(&limits.Pids, "pids", 0, "limit on processes")
+	fs.Float64Var(&cpus, "cpus", 0, "CPU limit in CPUs, e.g. 1.5")
+	fs.StringVar(&req.Session, "session", "", "session of the job")
+	fs.StringVar(&req.Pool, "pool", "", "pool of runners")
+	fs.Var(envList(req.Env), "env", "K=V added to the job's environment (repeatable)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	command := fs.Args()
+	if len(command) == 0 {
+		return usageError("run: give the command after --, e.g. sbx run -- make test")
+	}
+	req.Command = strings.Join(command, " ")
+	if req.Cwd == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return fmt.Errorf("current directory: %w", err)
+		}
+		req.Cwd = wd
+	}
+	if memory != "" {
+		n, err := parseBytes(memory)
+		if err != nil {
+			return usageError("--memory: %v", err)
+		}
+		limits.MemoryBytes = n
+	}
+	limits.CPUMillicores = int64(cpus * 1000)
+	limits.TimeoutMS = timeout.Milliseconds()
+	if limits != (client.Limits{}) {
+		req.Limits = &limits
+	}
+	req.BlockUntil = wait
+	if wait < 0 || timeout < 0 || cpus < 0 {
+		return usageError("run: --wait, --timeout and --cpus must not be negative")
+	}
+	reply, raw, err := cc.start(ctx, req)
+	if err != nil {
+		return err
+	}
+	if cc.json {
+		return cc.printJSON(raw)
+	}
+	if wait == 0 {
+		fmt.Fprintln(cc.stdout, reply.Job.ID)
+		return nil
+	}
+	if reply.Backgrounded {
+		fmt.Fprint(cc.stdout, reply.Output)
+		return &exitError{code: 0, msg: fmt.Sprintf("job %s still running after %s; follow it with: sbx logs -f %s", reply.Job.ID, wait, reply.Job.ID)}
+	}
+	// The reply's output is a JSON string; print the exact bytes from the output endpoint.
+	out, _, err := cc.c.Output(ctx, reply.Job.ID, 0, -1)
+	if err != nil {
+		return err
+	}
+	if _, err := cc.stdout.Write(out); err != nil {
+		return err
+	}
+	return exitWith(&reply.Job)
+}
+
+// start starts a job and returns both the decoded reply and its JSON.
+func (cc *clientCmd) start(ctx context.Context, req client.StartRequest) (*client.StartReply, []byte, error) {
+	raw, err := cc.c.Do(ctx, "POST", "/v1/jobs", req)
+	if err != nil {
+		return nil, nil, err
+	}
+	var reply client.StartReply
+	if err := json.Unmarshal(raw, &reply); err != nil {
+		return nil, nil, fmt.Errorf("decode reply: %w", err)
+	}
+	return &reply, raw, nil
+}
+
+func (cc *clientCmd) ps(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	var q client.JobsQuery
+	fs.StringVar(&q.Session, "session", "", "only this session's jobs")
+	fs.StringVar(&q.Status, "status", "", "only jobs with this status")
+	fs.IntVar(&q.Limit, "limit", 0, "at most this many jobs (default 100)")
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usageError("ps takes no arguments")
+	}
+	if cc.json {
+		raw, err := cc.c.Do(ctx, "GET", client.JobsPath(q), nil)
+		if err != nil {
+			return err
+		}
+		return cc.printJSON(raw)
+	}
+	jobs, err := cc.c.Jobs(ctx, q)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(cc.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATUS\tEXIT\tELAPSED\tTITLE")
+	for _, j := range jobs {
+		exit := "-"
+		if j.ExitCode != nil {
+			exit = strconv.Itoa(*j.ExitCode)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", j.ID, j.Status, exit, time.Duration(j.ElapsedMS)*time.Millisecond, j.Title)
+	}
+	return tw.Flush()
+}
+
+func (cc *clientCmd) status(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	id, err := oneID(fs, args)
+	if err != nil {
+		return err
+	}
+	raw, err := cc.c.Do(ctx, "GET", "/v1/jobs/"+id, nil)
+	if err != nil {
+		return err
+	}
+	if cc.json {
+		return cc.printJSON(raw)
+	}
+	var j client.Job
+	if err := json.Unmarshal(raw, &j); err != nil {
+		return fmt.Errorf("decode job: %w", err)
+	}
+	exit := "-"
+	if j.ExitCode != nil {
+		exit = strconv.Itoa(*j.ExitCode)
+	}
+	fmt.Fprintf(cc.stdout, "id: %s\nstatus: %s\nreason: %s\nexit_code: %s\ntitle: %s\ncommand: %s\ncwd: %s\nrunner: %s\nelapsed_ms: %d\noutput_bytes: %d\noutput_path: %s\n",
+		j.ID, j.Status, j.Reason, exit, j.Title, j.Command, j.Cwd, j.Runner, j.ElapsedMS, j.OutputBytes, j.OutputPath)
+	if j.Error != "" {
+		fmt.Fprintf(cc.stdout, "error: %s\n", j.Error)
+	}
+	return nil
+}
+
+func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	pattern := fs.String("pattern", "", "return when this RE2 pattern matches the output so far")
+	timeout := fs.Duration("timeout", 0, "give up after this long (default: wait for the end)")
+	id, err := oneID(fs, args)
+	if err != nil {
+		return err
+	}
+	if *timeout < 0 {
+		return usageError("wait: --timeout must not be negative")
+	}
+	var deadline time.Time
+	if *timeout > 0 {
+		deadline = time.Now().Add(*timeout)
+	}
+	for {
+		step := maxWaitStep
+		if !deadline.IsZero() {
+			step = min(step, max(0, time.Until(deadline)))
+		}
+		path := client.WaitPath(id, step, *pattern)
+		raw, err := cc.c.Do(ctx, "GET", path, nil)
+		if err != nil {
+			return err
+		}
+		var w client.WaitReply
+		if err := json.Unmarshal(raw, &w); err != nil {
+			return fmt.Errorf("decode wait: %w", err)
+		}
+		finished := w.Done || w.PatternMatched || (!deadline.IsZero() && !time.Now().Before(deadline))
+		if !finished {
+			continue
+		}
+		if cc.json {
+			if err := cc.printJSON(raw); err != nil {
+				return err
+			}
+		}
+		switch {
+		case w.PatternMatched:
+			return nil
+		case w.Done:
+			return exitWith(&w.Job)
+		default:
+			return &exitError{code: 1, msg: fmt.Sprintf("job %s is still %s after %s", id, w.Job.Status, *timeout)}
+		}
+	}
+}
+
+func (cc *clientCmd) logs(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	follow := fs.Bool("f", false, "follow the output until the job ends")
+	id, err := oneID(fs, args)
+	if err != nil {
+		return err
+	}
+	if *follow {
+		return cc.c.Follow(ctx, id, 0, cc.stdout)
+	}
+	out, _, err := cc.c.Output(ctx, id, 0, -1)
+	if err != nil {
+		return err
+	}
+	_, err = cc.stdout.Write(out)
+	return err
+}
+
+func (cc *clientCmd) kill(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	signal := fs.String("signal", "", "signal to send (default TERM, then KILL after 2 s)")
+	id, err := oneID(fs, args)
+	if err != nil {
+		return err
+	}
+	var body any
+	if *signal != "" {
+		body = map[string]string{"signal": *signal}
+	}
+	raw, err := cc.c.Do(ctx, "POST", "/v1/jobs/"+id+"/kill", body)
+	if err != nil {
+		return err
+	}
+	if cc.json {
+		return cc.printJSON(raw)
+	}
+	fmt.Fprintln(cc.stdout, id)
+	return nil
+}
+
+func (cc *clientCmd) runners(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usageError("runners takes no arguments")
+	}
+	raw, err := cc.c.Do(ctx, "GET", "/v1/runners", nil)
+	if err != nil {
+		return err
+	}
+	if cc.json {
+		return cc.printJSON(raw)
+	}
+	var rs []client.Runner
+	if err := json.Unmarshal(raw, &rs); err != nil {
+		return fmt.Errorf("decode runners: %w", err)
+	}
+	tw := tabwriter.NewWriter(cc.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPOOL\tRUNNING\tSLOTS\tREADONLY\tCGROUP\tLAST SEEN")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%v\t%s\t%s ago\n", r.ID, r.Pool, r.Running, r.Slots, r.Readonly, r.Cgroup, time.Since(r.LastSeen).Round(time.Second))
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,370 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	sandbox.MaybeInit()
+	os.Exit(m.Run())
+}
+
+// lineWriter hands the first line written to it to a channel and keeps the rest.
+type lineWriter struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	first chan string
+	sent  bool
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if !w.sent {
+		if line, _, ok := strings.Cut(w.buf.String(), "\n"); ok {
+			w.sent = true
+			w.first <- line
+		}
+	}
+	return len(p), nil
+}
+
+// instance is a running `sbx serve` and a client of it.
+type instance struct {
+	addr string
+	c    *client.Client
+}
+
+// startServe runs `sbx serve` in-process, on random ports, until the test ends.
+func startServe(t testing.TB, extra ...string) *instance {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("sbx serve runs jobs in cgroups: needs root")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &lineWriter{first: make(chan string, 1)}
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
+		"--data", t.TempDir(), "--cgroup-root", "sbx-cmd-test", "--id", fmt.Sprintf("t%d", time.Now().UnixNano()%1e9)}, extra...)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, os.Getenv, out, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	var line string
+	select {
+	case line = <-out.first:
+	case err := <-done:
+		t.Fatalf("serve exited: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not start")
+	}
+	// "sbx dev: API http://127.0.0.1:PORT, NATS ..."
+	_, rest, _ := strings.Cut(line, "API ")
+	addr, _, _ := strings.Cut(rest, ",")
+	s := &instance{addr: addr, c: client.New(addr, "")}
+	// Ready once the runner's first heartbeat arrived.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		rs, err := s.c.Runners(ctx)
+		if err == nil && len(rs) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no runner joined: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return s
+}
+
+// sbx runs a client command against s and returns its stdout and error.
+func (s *instance) sbx(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	var stdout bytes.Buffer
+	getenv := func(k string) string {
+		if k == "SBX_ADDR" {
+			return s.addr
+		}
+		return ""
+	}
+	err := run(t.Context(), args, getenv, &stdout, io.Discard)
+	return stdout.String(), err
+}
+
+func code(err error) int {
+	var e *exitError
+	if errors.As(err, &e) {
+		return e.code
+	}
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+// TestNewUser walks through what a new user does first.
+func TestNewUser(t *testing.T) {
+	s := startServe(t)
+
+	out, err := s.sbx(t, "run", "--wait", "10s", "--", "echo", "hi")
+	if err != nil || out != "hi\n" {
+		t.Fatalf("run --wait: %q, %v", out, err)
+	}
+
+	out, err = s.sbx(t, "run", "--", "sleep", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	j, err := s.c.Job(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Ended() {
+		t.Fatalf("run without --wait returned after the job ended: %+v", j)
+	}
+	if _, err := s.sbx(t, "wait", id); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+
+	out, _ = s.sbx(t, "run", "--", "sleep 0.3; exit 3")
+	if _, err := s.sbx(t, "wait", strings.TrimSpace(out)); code(err) != 3 {
+		t.Fatalf("wait exit code %d (%v), want 3", code(err), err)
+	}
+	if _, err := s.sbx(t, "run", "--wait", "5s", "--", "exit 4"); code(err) != 4 {
+		t.Fatalf("run --wait exit code %d, want 4", code(err))
+	}
+
+	out, _ = s.sbx(t, "run", "--", "for i in 1 2 3; do echo line $i; sleep 0.3; done")
+	id = strings.TrimSpace(out)
+	out, err = s.sbx(t, "logs", "-f", id)
+	if err != nil || out != "line 1\nline 2\nline 3\n" {
+		t.Fatalf("logs -f: %q, %v", out, err)
+	}
+	if j, _ := s.c.Job(t.Context(), id); !j.Ended() {
+		t.Fatalf("logs -f returned before the job ended: %s", j.Status)
+	}
+
+	if _, err := s.sbx(t, "status", "nosuchjob"); code(err) != 1 || !strings.Contains(err.Error(), "not_found") {
+		t.Fatalf("status of an unknown job: %v", err)
+	}
+	if _, err := s.sbx(t, "frobnicate"); code(err) != 2 {
+		t.Fatalf("unknown command: exit %d", code(err))
+	}
+	out, err = s.sbx(t, "ps", "--json")
+	if err != nil || !strings.HasPrefix(out, `{"jobs":[`) {
+		t.Fatalf("ps --json: %q, %v", out, err)
+	}
+}
+
+// TestReplyBlocksUntilEnd: a start that ends within block_until_ms carries the output; one that does
+// not is backgrounded with the output so far.
+func TestReplyBlocksUntilEnd(t *testing.T) {
+	s := startServe(t)
+	ctx := t.Context()
+	r, err := s.c.Start(ctx, client.StartRequest{Command: "echo done", Cwd: "/", BlockUntil: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Backgrounded || r.Output != "done\n" || r.Job.ExitCode == nil || *r.Job.ExitCode != 0 {
+		t.Fatalf("finished job: %+v", r)
+	}
+	r, err = s.c.Start(ctx, client.StartRequest{Command: "echo early; sleep 5", Cwd: "/", BlockUntil: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Backgrounded || r.Output != "early\n" || r.Job.Ended() {
+		t.Fatalf("backgrounded job: %+v", r)
+	}
+}
+
+// TestKillTree: kill removes the whole tree, setsid grandchildren included; killing an ended job is
+// a conflict.
+func TestKillTree(t *testing.T) {
+	s := startServe(t)
+	ctx := t.Context()
+	r, err := s.c.Start(ctx, client.StartRequest{Cwd: "/", Command: "setsid sh -c 'trap \"\" TERM; sleep 1000' & echo $!; sleep 1000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Job.ID
+	w, err := s.c.Wait(ctx, id, 10*time.Second, `^\d+$`)
+	if err != nil || !w.PatternMatched {
+		t.Fatalf("wait for the pid: %+v, %v", w, err)
+	}
+	out, _, err := s.c.Output(ctx, id, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grandchild := strings.TrimSpace(string(out))
+	if _, err := os.Stat("/proc/" + grandchild); err != nil {
+		t.Fatalf("grandchild %s not running before the kill: %v", grandchild, err)
+	}
+	if _, err := s.c.Kill(ctx, id, ""); err != nil {
+		t.Fatal(err)
+	}
+	w, err = s.c.Wait(ctx, id, 15*time.Second, "")
+	if err != nil || !w.Done {
+		t.Fatalf("wait after kill: %+v, %v", w, err)
+	}
+	if w.Job.Status != "aborted" || w.Job.Reason != "killed" {
+		t.Fatalf("killed job: status %s reason %s", w.Job.Status, w.Job.Reason)
+	}
+	if alive(grandchild) {
+		t.Fatalf("setsid grandchild %s survived the kill", grandchild)
+	}
+	var apiErr *client.Error
+	if _, err := s.c.Kill(ctx, id, ""); !errors.As(err, &apiErr) || apiErr.Status != 409 {
+		t.Fatalf("kill of an ended job: %v", err)
+	}
+}
+
+// alive reports whether a process exists and is not a zombie (a killed orphan stays a zombie until
+// init reaps it).
+func alive(pid string) bool {
+	status, err := os.ReadFile("/proc/" + pid + "/status")
+	return err == nil && !strings.Contains(string(status), "State:\tZ")
+}
+
+// TestLimits: memory, pids, timeout and output limits end jobs with the right reason.
+func TestLimits(t *testing.T) {
+	s := startServe(t)
+	ctx := t.Context()
+	tests := []struct {
+		name    string
+		command string
+		limits  client.Limits
+		reason  string
+		check   func(t *testing.T, out string)
+	}{
+		{"oom", "python3 -c 'b = bytearray(400 * 1000 * 1000); print(len(b))'", client.Limits{MemoryBytes: 64 << 20}, "oom", nil},
+		// Once the storm has used every pid the shell cannot fork: it reads with builtins.
+		{"pids", `d=/sys/fs/cgroup/pids$(grep ':pids:' /proc/self/cgroup | cut -d: -f3)
+i=0; while [ $i -lt 300 ]; do (sleep 3 &) 2>/dev/null; i=$((i+1)); done
+read max < $d/pids.max; read current < $d/pids.current; echo $max $current`, client.Limits{Pids: 40}, "exit", func(t *testing.T, out string) {
+			var max, current int
+			if _, err := fmt.Sscan(out, &max, &current); err != nil {
+				t.Fatalf("output %q: %v", out, err)
+			}
+			if max != 40 || current > 40 || current < 2 {
+				t.Fatalf("pids.max %d, pids.current %d after a 300-process storm", max, current)
+			}
+		}},
+		{"timeout", "sleep 30", client.Limits{TimeoutMS: 300}, "timeout", nil},
+		{"output limit", "yes", client.Limits{OutputBytes: 100_000}, "output_limit", func(t *testing.T, out string) {
+			if out != strings.Repeat("y\n", 50_000) {
+				t.Fatalf("kept %d bytes, want the first 100000", len(out))
+			}
+		}},
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/pids/cgroup.procs"); err != nil {
+		// The pids check reads the v1 hierarchy.
+		tests = append(tests[:1], tests[2:]...)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := s.c.Start(ctx, client.StartRequest{Command: tt.command, Cwd: "/", Limits: &tt.limits})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := s.c.Wait(ctx, r.Job.ID, 30*time.Second, "")
+			if err != nil || !w.Done {
+				t.Fatalf("wait: %+v, %v", w, err)
+			}
+			if w.Job.Reason != tt.reason {
+				t.Fatalf("reason %q (status %s, exit %v, error %q), want %q", w.Job.Reason, w.Job.Status, w.Job.ExitCode, w.Job.Error, tt.reason)
+			}
+			if tt.check != nil {
+				out, _, err := s.c.Output(ctx, r.Job.ID, 0, -1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tt.check(t, string(out))
+			}
+		})
+	}
+}
+
+// TestByteExact: output comes back identical, large or without newlines.
+func TestByteExact(t *testing.T) {
+	s := startServe(t)
+	ctx := t.Context()
+	var seq bytes.Buffer
+	for i := 1; i <= 2_200_000; i++ {
+		fmt.Fprintf(&seq, "%d\n", i)
+	}
+	tests := []struct {
+		name, command string
+		want          []byte
+	}{
+		{"16 MB of seq", "seq 1 2200000", seq.Bytes()},
+		{"100 MB line", "head -c 100000000 /dev/zero | tr '\\0' a", bytes.Repeat([]byte("a"), 100_000_000)},
+		{"binary", "printf 'a\\000b\\377\\r\\n'", []byte("a\x00b\xff\r\n")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := s.c.Start(ctx, client.StartRequest{Command: tt.command, Cwd: "/"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var followed bytes.Buffer
+			if err := s.c.Follow(ctx, r.Job.ID, 0, &followed); err != nil {
+				t.Fatal(err)
+			}
+			out, total, err := s.c.Output(ctx, r.Job.ID, 0, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if total != int64(len(tt.want)) || !bytes.Equal(out, tt.want) || !bytes.Equal(followed.Bytes(), tt.want) {
+				t.Fatalf("got %d bytes (followed %d, total %d), want %d identical bytes; first difference at %d (followed: %d)",
+					len(out), followed.Len(), total, len(tt.want), firstDiff(out, tt.want), firstDiff(followed.Bytes(), tt.want))
+			}
+		})
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// TestBadInput: the CLI reports bad flags as usage errors (exit 2).
+func TestBadInput(t *testing.T) {
+	s := startServe(t)
+	for _, args := range [][]string{
+		{"run"},
+		{"run", "--memory", "lots", "--", "true"},
+		{"wait"},
+		{"logs", "a", "b"},
+	} {
+		if _, err := s.sbx(t, args...); code(err) != 2 {
+			t.Errorf("sbx %s: exit %d (%v), want 2", strings.Join(args, " "), code(err), err)
+		}
+	}
+	_, err := s.sbx(t, "run", "--cwd", "relative", "--", "true")
+	if code(err) != 1 || !strings.Contains(err.Error(), "cwd") {
+		t.Errorf("relative cwd: %v", err)
+	}
+}

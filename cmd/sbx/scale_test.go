@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/sbx-dev/sbx/coordinator/client"
+)
+
+// buildSbx builds the sbx binary once per test run.
+func buildSbx(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sbx")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("go build: %v", err)
+	}
+	return bin
+}
+
+// startProcess runs the sbx binary until the test ends and returns its first stdout line channel.
+func startProcess(t *testing.T, bin string, args ...string) <-chan string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 16)
+	go scanLines(stdout, func(l string) {
+		select {
+		case lines <- l:
+		default:
+		}
+	})
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	return lines
+}
+
+// TestScaleOut: a coordinator and two runners as separate processes on one NATS: work spreads over
+// both, a runner never runs more jobs than its slots, and jobs queue while every slot is busy.
+func TestScaleOut(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("runners need root for cgroups")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("needs the go tool to build sbx")
+	}
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats did not start")
+	}
+	bin := buildSbx(t)
+	url := ns.ClientURL()
+	lines := startProcess(t, bin, "coordinator", "--nats", url, "--listen", "127.0.0.1:0", "--data", t.TempDir())
+	var addr string
+	select {
+	case line := <-lines:
+		_, rest, _ := strings.Cut(line, "API ")
+		addr, _, _ = strings.Cut(rest, ",")
+	case <-time.After(30 * time.Second):
+		t.Fatal("coordinator did not start")
+	}
+	for _, id := range []string{"scale-a", "scale-b"} {
+		startProcess(t, bin, "runner", "--nats", url, "--id", id, "--slots", "2", "--cgroup-root", "sbx-scale-test")
+	}
+	c := client.New(addr, "")
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	for {
+		rs, err := c.Runners(ctx)
+		if err == nil && len(rs) == 2 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("runners did not join: %v %v", rs, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	var ids []string
+	for range 20 {
+		r, err := c.Start(ctx, client.StartRequest{Command: "sleep 0.3", Cwd: "/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.Job.ID)
+	}
+	perRunner := map[string][]span{}
+	var firstEnd, lastStart time.Time
+	for _, id := range ids {
+		w, err := c.Wait(ctx, id, time.Minute, "")
+		if err != nil || !w.Done || w.Job.Status != "succeeded" {
+			t.Fatalf("job %s: %+v, %v", id, w, err)
+		}
+		j := w.Job
+		perRunner[j.Runner] = append(perRunner[j.Runner], span{*j.StartedAt, *j.EndedAt})
+		if firstEnd.IsZero() || j.EndedAt.Before(firstEnd) {
+			firstEnd = *j.EndedAt
+		}
+		if j.StartedAt.After(lastStart) {
+			lastStart = *j.StartedAt
+		}
+	}
+	if len(perRunner) != 2 {
+		t.Fatalf("jobs ran on %d runners, want both: %v", len(perRunner), perRunner)
+	}
+	for r, spans := range perRunner {
+		if peak := peakOverlap(spans); peak > 2 {
+			t.Errorf("runner %s ran %d jobs at once with 2 slots", r, peak)
+		}
+	}
+	if !lastStart.After(firstEnd) {
+		t.Errorf("no job waited for a free slot: last start %s, first end %s", lastStart, firstEnd)
+	}
+}
+
+// span is when a job ran.
+type span struct{ start, end time.Time }
+
+// peakOverlap is the largest number of spans open at one instant.
+func peakOverlap(spans []span) int {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for _, s := range spans {
+		edges = append(edges, edge{s.start, 1}, edge{s.end, -1})
+	}
+	sort.Slice(edges, func(i, k int) bool {
+		if edges[i].at.Equal(edges[k].at) {
+			return edges[i].delta < edges[k].delta
+		}
+		return edges[i].at.Before(edges[k].at)
+	})
+	open, peak := 0, 0
+	for _, e := range edges {
+		open += e.delta
+		peak = max(peak, open)
+	}
+	return peak
+}
+
+// scanLines calls f with each line read from r.
+func scanLines(r io.Reader, f func(string)) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f(sc.Text())
+	}
+}
