@@ -205,6 +205,7 @@ func (s *Service) snapshot(id string, fallback *Job) *Job {
 	defer s.mu.Unlock()
 	if l, ok := s.live[id]; ok {
 		j := *l.job
+		j.OutputBytes = l.size
 		return &j
 	}
 	j := *fallback
@@ -244,6 +245,7 @@ func (s *Service) watch(ctx context.Context, id string) (*Job, int64, <-chan str
 	s.mu.Lock()
 	if l, ok := s.live[id]; ok {
 		j := *l.job
+		j.OutputBytes = l.size
 		size, ch := l.size, l.changed
 		s.mu.Unlock()
 		return &j, size, ch, nil

@@ -25,7 +25,7 @@ type DB struct {
 
 // Open opens (creating if needed) the database at path.
 func Open(path string) (*DB, error) {
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second, NoFreelistSync: true})
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second, NoFreelistSync: true, NoSync: true})
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}

@@ -205,8 +205,8 @@ func (t *Terminals) Touch(job *coordinator.Job, runningFor time.Duration) error 
 	return nil
 }
 
-// End rewrites the header's status and running time, writes the footer after job.OutputBytes of body,
-// syncs and closes the file.
+// End rewrites the header's status and running time, writes the footer after job.OutputBytes of body
+// and closes the file.
 func (t *Terminals) End(job *coordinator.Job) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -241,9 +241,6 @@ func (t *Terminals) End(job *coordinator.Job) error {
 	}
 	if err := f.Truncate(end + int64(foot.Len())); err != nil {
 		return fmt.Errorf("truncate terminal %s: %w", job.ID, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync terminal %s: %w", job.ID, err)
 	}
 	delete(t.open, job.ID)
 	return f.Close()

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestLayers keeps the arrows of DESIGN.md pointing one way: nothing under coordinator/ imports the
+// runner or the sandbox, the runner never imports the coordinator, proto imports only the standard
+// library, and the coordinator's domain package imports no adapter and no technology.
+func TestLayers(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("needs the go tool")
+	}
+	const mod = "github.com/sbx-dev/sbx/"
+	out, err := exec.Command("go", "list", "-deps=false", "-f", "{{.ImportPath}} {{join .Deps \" \"}}", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	rules := []struct {
+		pkg       string // prefix of the packages the rule holds for
+		forbidden []string
+	}{
+		{mod + "coordinator", []string{mod + "runner", mod + "sandbox"}},
+		{mod + "runner", []string{mod + "coordinator"}},
+		{mod + "coordinator/httpapi", []string{mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/client"}},
+		{mod + "coordinator/store", []string{mod + "coordinator/httpapi", mod + "coordinator/natsbus", mod + "coordinator/client"}},
+		{mod + "coordinator/natsbus", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/client"}},
+		{mod + "coordinator/client", []string{mod + "coordinator"}},
+		{mod + "sandbox", []string{mod + "coordinator", mod + "runner", "github.com/nats-io/", "net/http"}},
+	}
+	exact := map[string][]string{
+		// The domain: stdlib and proto only.
+		mod + "coordinator": {"github.com/", "go.etcd.io/", "golang.org/x/"},
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg, deps := fields[0], fields[1:]
+		for _, dep := range deps {
+			for _, r := range rules {
+				if pkg != r.pkg && !strings.HasPrefix(pkg, r.pkg+"/") {
+					continue
+				}
+				for _, f := range r.forbidden {
+					if under(dep, f) && !under(dep, pkg) {
+						t.Errorf("%s imports %s", pkg, dep)
+					}
+				}
+			}
+			for _, f := range exact[pkg] {
+				if strings.HasPrefix(dep, f) && !strings.HasPrefix(dep, mod+"proto") {
+					t.Errorf("the domain package %s imports %s", pkg, dep)
+				}
+			}
+			if pkg == mod+"proto" && strings.Contains(strings.SplitN(dep, "/", 2)[0], ".") {
+				t.Errorf("proto imports %s: it must use the standard library only", dep)
+			}
+		}
+		checked++
+	}
+	if checked < 9 {
+		t.Fatalf("checked only %d packages", checked)
+	}
+}
+
+// under reports whether pkg is path or below it.
+func under(pkg, path string) bool {
+	path = strings.TrimSuffix(path, "/")
+	return pkg == path || strings.HasPrefix(pkg, path+"/")
+}
