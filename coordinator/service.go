@@ -25,6 +25,8 @@ type Config struct {
 	StartDeadline time.Duration
 	// HeaderInterval is how often a running job's running_for_ms is rewritten (5 s).
 	HeaderInterval time.Duration
+	// CheckInterval is how often silent runners and jobs that never started are looked for (1 s).
+	CheckInterval time.Duration
 	Now            func() time.Time
 	Logger         *slog.Logger
 }
@@ -41,6 +43,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.HeaderInterval == 0 {
 		c.HeaderInterval = 5 * time.Second
+	}
+	if c.CheckInterval == 0 {
+		c.CheckInterval = time.Second
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -585,7 +590,7 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 func (s *Service) Run(ctx context.Context) {
 	header := time.NewTicker(s.cfg.HeaderInterval)
 	defer header.Stop()
-	check := time.NewTicker(time.Second)
+	check := time.NewTicker(s.cfg.CheckInterval)
 	defer check.Stop()
 	for {
 		select {

@@ -1,0 +1,183 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// dispatcher is a fake of the Dispatcher port: it queues nothing and answers every control request.
+type dispatcher struct {
+	mu       sync.Mutex
+	controls []*proto.Control
+}
+
+func (d *dispatcher) Dispatch(context.Context, *proto.Work) (uint64, error) { return 1, nil }
+func (d *dispatcher) Withdraw(context.Context, uint64) (bool, error)        { return false, nil }
+func (d *dispatcher) Control(_ context.Context, _ string, c *proto.Control) (*proto.ControlReply, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.controls = append(d.controls, c)
+	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, nil
+}
+
+// clock is a settable Now.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func newService(t *testing.T, clk *clock) *coordinator.Service {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := store.Open(filepath.Join(dir, "sbx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	terms, err := store.OpenTerminals(filepath.Join(dir, "terminals"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { terms.Close() })
+	svc, err := coordinator.New(t.Context(), coordinator.Config{Now: clk.Now, CheckInterval: 5 * time.Millisecond}, db, terms, &dispatcher{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return svc
+}
+
+func event(kind, job string, at time.Time) *proto.Event {
+	return &proto.Event{V: proto.Version, Kind: kind, JobID: job, Runner: "r1", Time: at, Pid: 7}
+}
+
+func heartbeat(boot, at time.Time) *proto.Heartbeat {
+	return &proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 1, Boot: boot, Time: at}
+}
+
+// TestLost: a job is lost when its runner restarts, when its runner falls silent, or when it was
+// taken and never started.
+func TestLost(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(svc *coordinator.Service, clk *clock, id string)
+	}{
+		{"runner restarted", func(svc *coordinator.Service, clk *clock, id string) {
+			boot := clk.Now()
+			svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
+			svc.HandleEvent(context.Background(), event(proto.EventAccepted, id, clk.Now()))
+			svc.HandleEvent(context.Background(), event(proto.EventStarted, id, clk.Now()))
+			clk.advance(time.Second)
+			svc.HandleHeartbeat(heartbeat(clk.Now(), clk.Now()))
+		}},
+		{"runner silent", func(svc *coordinator.Service, clk *clock, id string) {
+			svc.HandleHeartbeat(heartbeat(clk.Now(), clk.Now()))
+			svc.HandleEvent(context.Background(), event(proto.EventAccepted, id, clk.Now()))
+			svc.HandleEvent(context.Background(), event(proto.EventStarted, id, clk.Now()))
+			clk.advance(16 * time.Second)
+		}},
+		{"never started", func(svc *coordinator.Service, clk *clock, id string) {
+			boot := clk.Now()
+			svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
+			svc.HandleEvent(context.Background(), event(proto.EventAccepted, id, clk.Now()))
+			for range 7 { // the runner keeps beating, but the start never comes
+				clk.advance(10 * time.Second)
+				svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := &clock{now: time.Date(2026, 11, 29, 18, 0, 0, 0, time.UTC)}
+			svc := newService(t, clk)
+			res, err := svc.Start(t.Context(), coordinator.StartRequest{Command: "sleep 100", Cwd: "/"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.setup(svc, clk, res.Job.ID)
+			w, err := svc.Wait(t.Context(), res.Job.ID, 5*time.Second, nil)
+			if err != nil || !w.Done || w.Job.Status != coordinator.StatusAborted || w.Job.Reason != proto.ReasonLost {
+				t.Fatalf("got %+v, %v; want aborted, lost", w, err)
+			}
+		})
+	}
+}
+
+// TestExitWaitsForOutput: an exit that arrives before its last chunk is retried until the chunk is in.
+func TestExitWaitsForOutput(t *testing.T) {
+	clk := &clock{now: time.Now()}
+	svc := newService(t, clk)
+	ctx := t.Context()
+	res, _ := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
+	id := res.Job.ID
+	svc.HandleEvent(ctx, event(proto.EventStarted, id, clk.Now()))
+	if err := svc.HandleChunk(ctx, &proto.Chunk{JobID: id, Offset: 3, Data: []byte("def")}); err != nil {
+		t.Fatal(err)
+	}
+	if j, _ := svc.Job(ctx, id); j.OutputBytes != 0 {
+		t.Fatalf("output_bytes %d counts past a gap", j.OutputBytes)
+	}
+	code := 0
+	exit := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: clk.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: 6}
+	if err := svc.HandleEvent(ctx, exit); !errors.Is(err, coordinator.ErrNotReady) {
+		t.Fatalf("exit before the output is whole: %v, want ErrNotReady", err)
+	}
+	if err := svc.HandleChunk(ctx, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("abc")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.HandleEvent(ctx, exit); err != nil {
+		t.Fatal(err)
+	}
+	j, _ := svc.Job(ctx, id)
+	if j.Status != coordinator.StatusSucceeded || j.OutputBytes != 6 {
+		t.Fatalf("job %+v", j)
+	}
+}
+
+// TestWaitPatternAcrossChunks: a pattern split over two chunks, and anchored at a line start, matches.
+func TestWaitPatternAcrossChunks(t *testing.T) {
+	clk := &clock{now: time.Now()}
+	svc := newService(t, clk)
+	ctx := t.Context()
+	res, _ := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
+	id := res.Job.ID
+	svc.HandleEvent(ctx, event(proto.EventStarted, id, clk.Now()))
+	re := regexp.MustCompile(`(?m)^ready on port \d+$`)
+	go func() {
+		svc.HandleChunk(ctx, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("booting\nready on po")})
+		time.Sleep(20 * time.Millisecond)
+		svc.HandleChunk(ctx, &proto.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")})
+	}()
+	w, err := svc.Wait(ctx, id, 5*time.Second, re)
+	if err != nil || !w.PatternMatched || w.Done {
+		t.Fatalf("wait: %+v, %v", w, err)
+	}
+	w, err = svc.Wait(ctx, id, 50*time.Millisecond, regexp.MustCompile("never"))
+	if err != nil || w.PatternMatched || w.Done {
+		t.Fatalf("wait for a pattern that never comes: %+v, %v", w, err)
+	}
+}
