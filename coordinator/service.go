@@ -27,8 +27,8 @@ type Config struct {
 	HeaderInterval time.Duration
 	// CheckInterval is how often silent runners and jobs that never started are looked for (1 s).
 	CheckInterval time.Duration
-	Now            func() time.Time
-	Logger         *slog.Logger
+	Now           func() time.Time
+	Logger        *slog.Logger
 }
 
 func (c *Config) setDefaults() {
