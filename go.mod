@@ -7,7 +7,9 @@ require (
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/seccomp/libseccomp-golang v0.11.1
 	go.etcd.io/bbolt v1.5.0
+	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.50.0
 )
 
@@ -25,7 +27,6 @@ require (
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
-	github.com/seccomp/libseccomp-golang v0.11.1 // indirect
 	github.com/sirupsen/logrus v1.9.3 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/exp v0.0.0-20241108190413-2d47ceb2692f // indirect

@@ -145,27 +145,72 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	})
 }
 
-// start starts the job's shell in its cgroup.
+// start starts the job's shell in its cgroup. A readonly job runs in the readonly sandbox or not at
+// all: on a runner whose probe failed it fails to start, whatever subject it came on.
 func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
+	if w.Readonly && !r.readonly.ok {
+		return nil, fmt.Errorf("runner %s cannot run readonly jobs: %s", r.cfg.ID, r.readonly.reason)
+	}
 	if fi, err := os.Stat(w.Cwd); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("cwd %s is not a directory on runner %s", w.Cwd, r.cfg.ID)
+	}
+	env := r.environ(w.Env)
+	if w.Readonly {
+		env = r.readonlyEnv(w.Env)
 	}
 	return r.mgr.Start(sandbox.Spec{
 		ID:        w.JobID,
 		Path:      "/bin/sh",
 		Args:      []string{"sh", "-c", w.Command},
 		Dir:       w.Cwd,
-		Env:       r.environ(w.Env),
+		Env:       env,
 		Resources: resources(w.Limits),
+		Readonly:  w.Readonly,
 	})
+}
+
+// readonlyBase lists the variables a readonly job takes from the runner's environment, with the value
+// it gets when the runner has none. Nothing else of the runner's environment reaches it.
+var readonlyBase = []struct{ key, fallback string }{
+	{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+	{"HOME", "/"},
+	{"LANG", "C.UTF-8"},
+	{"TERM", "dumb"},
+}
+
+// readonlyEnv is a readonly job's environment: readonlyBase from the runner's, overlaid with the
+// job's own variables.
+func (r *Runner) readonlyEnv(extra map[string]string) []string {
+	base := make([]string, 0, len(readonlyBase))
+	for _, b := range readonlyBase {
+		v := b.fallback
+		for _, kv := range r.cfg.Environ {
+			if k, val, _ := strings.Cut(kv, "="); k == b.key && val != "" {
+				v = val
+			}
+		}
+		base = append(base, b.key+"="+v)
+	}
+	return overlay(base, extra)
 }
 
 // environ is the runner's environment without SBX_* variables, overlaid with the job's own.
 func (r *Runner) environ(extra map[string]string) []string {
-	env := make([]string, 0, len(r.cfg.Environ)+len(extra))
+	env := make([]string, 0, len(r.cfg.Environ))
 	for _, kv := range r.cfg.Environ {
+		if k, _, _ := strings.Cut(kv, "="); !strings.HasPrefix(k, "SBX_") {
+			env = append(env, kv)
+		}
+	}
+	return overlay(env, extra)
+}
+
+// overlay is base without the variables extra names, then extra's in key order.
+func overlay(base []string, extra map[string]string) []string {
+	env := make([]string, 0, len(base)+len(extra))
+	for _, kv := range base {
 		k, _, _ := strings.Cut(kv, "=")
-		if _, overridden := extra[k]; !strings.HasPrefix(k, "SBX_") && !overridden {
+		if _, overridden := extra[k]; !overridden {
 			env = append(env, kv)
 		}
 	}

@@ -30,14 +30,15 @@ type Config struct {
 	// Slots is how many jobs it runs at once (the number of CPUs... default 4).
 	Slots int
 	// Cgroup configures the runner's cgroups. Its Root (default "sbx") gets the runner id appended, so
-	// that runners sharing a machine never sweep each other's jobs.
+	// that runners sharing a machine never sweep each other's jobs. Its Bwrap names the bubblewrap
+	// binary of readonly jobs (default "bwrap" on PATH).
 	Cgroup sandbox.Config
 	// Labels describe the runner in GET /v1/runners.
 	Labels map[string]string
 	// Version is reported in heartbeats.
 	Version string
 	// Environ is the environment plain jobs inherit (default os.Environ()); variables named SBX_*
-	// never reach a job.
+	// never reach a job. Readonly jobs get only its PATH, HOME, LANG and TERM (see readonlyEnv).
 	Environ []string
 	// HeartbeatInterval is the time between heartbeats (2 s).
 	HeartbeatInterval time.Duration
@@ -105,7 +106,11 @@ type Runner struct {
 	mgr  *sandbox.Manager
 	boot time.Time
 
-	slots chan struct{} // one token per running (or being started) job
+	// readonly is the verdict of the start-up probe, set once in Run before any job or heartbeat can
+	// read it and never changed after: a failed probe is not retried into a weaker state.
+	readonly readonlyVerdict
+
+	slots chan struct{} // one token per running (or being started) job, or per take loop pulling
 	wg    sync.WaitGroup
 
 	mu   sync.Mutex
@@ -163,14 +168,25 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer svc.Stop()
 
-	cons, err := r.consumer(ctx, proto.CapPlain)
-	if err != nil {
-		return err
+	r.readonly = r.probeReadonly(ctx)
+	caps := []string{proto.CapPlain}
+	if r.readonly.ok {
+		caps = append(caps, proto.CapReadonly)
+	}
+	var consumers []jetstream.Consumer
+	for _, c := range caps {
+		cons, err := r.consumer(ctx, c)
+		if err != nil {
+			return err
+		}
+		consumers = append(consumers, cons)
 	}
 	var loops sync.WaitGroup
-	loops.Add(2)
+	loops.Add(1 + len(consumers))
 	go func() { defer loops.Done(); r.heartbeat(ctx) }()
-	go func() { defer loops.Done(); r.take(ctx, cons) }()
+	for _, cons := range consumers {
+		go func() { defer loops.Done(); r.take(ctx, cons) }()
+	}
 	<-ctx.Done()
 	loops.Wait()
 
@@ -210,19 +226,31 @@ func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Con
 	}
 }
 
+// pullExpiry bounds one pull for work; a pull that expires empty is made again.
+const pullExpiry = 30 * time.Second
+
 // take pulls one message at a time, only while a slot is free, and starts a job for each.
+//
+// The take loops (one per capability: plain, and readonly when the probe passed) share r.slots. A loop
+// does not hold a slot while it pulls: an idle loop (no readonly work queued) would then keep a slot
+// that queued plain work needs for a whole pull. Instead a loop waits until a slot is free, pulls, and
+// takes a slot only once a message has arrived. When the other loop took the last slot meanwhile, the
+// message is Nak'd before it is announced, acked or started, and JetStream hands it to the next pull,
+// of this runner or another. So jobs never outnumber slots, a free slot never idles while either
+// subject has work, and each pull that raced bounces at most one message.
 func (r *Runner) take(ctx context.Context, cons jetstream.Consumer) {
 	for {
+		// Wait for a free slot without keeping it.
 		select {
 		case r.slots <- struct{}{}:
+			<-r.slots
 		case <-ctx.Done():
 			return
 		}
-		fetchCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		fetchCtx, cancel := context.WithTimeout(ctx, pullExpiry)
 		msg, err := cons.Next(jetstream.FetchContext(fetchCtx))
 		cancel()
 		if err != nil {
-			<-r.slots
 			if ctx.Err() != nil {
 				return
 			}
@@ -233,6 +261,15 @@ func (r *Runner) take(ctx context.Context, cons jetstream.Consumer) {
 				case <-ctx.Done():
 					return
 				}
+			}
+			continue
+		}
+		select {
+		case r.slots <- struct{}{}:
+		default:
+			// Every slot went to the other loop while this one pulled.
+			if err := msg.Nak(); err != nil {
+				r.cfg.Logger.Warn("hand back work", "err", err)
 			}
 			continue
 		}
@@ -255,7 +292,7 @@ func (r *Runner) heartbeat(ctx context.Context) {
 		r.mu.Unlock()
 		hb := &proto.Heartbeat{
 			V: proto.Version, Runner: r.cfg.ID, Pool: r.cfg.Pool, Slots: r.cfg.Slots, Running: min(running, r.cfg.Slots),
-			Readonly: false, ReadonlyReason: "readonly jobs are not supported by this runner yet",
+			Readonly: r.readonly.ok, ReadonlyReason: r.readonly.reason,
 			Cgroup: r.mgr.Describe(), Labels: r.cfg.Labels, Version: r.cfg.Version, Boot: r.boot, Time: time.Now(),
 		}
 		if err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb)); err != nil {
@@ -267,4 +304,19 @@ func (r *Runner) heartbeat(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// readonlyVerdict is what the start-up probe found: ok, or the reason readonly jobs cannot run here.
+type readonlyVerdict struct {
+	ok     bool
+	reason string
+}
+
+// probeReadonly runs the sandbox's readonly probe once; the runner keeps the verdict for its life.
+func (r *Runner) probeReadonly(ctx context.Context) readonlyVerdict {
+	if err := r.mgr.ProbeReadonly(ctx); err != nil {
+		r.cfg.Logger.Warn("readonly jobs disabled", "err", err)
+		return readonlyVerdict{reason: err.Error()}
+	}
+	return readonlyVerdict{ok: true}
 }

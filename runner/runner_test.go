@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -265,16 +267,32 @@ func TestKillRequest(t *testing.T) {
 	}
 }
 
-// TestSlots: a runner never runs more jobs than its slots, and queued jobs start as slots free.
+// TestSlots: a runner never runs more jobs than its slots, and queued jobs start as slots free —
+// also when plain and readonly work, taken by two loops sharing the slots, arrive together.
 func TestSlots(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testSlots(t, false) })
+	t.Run("plain and readonly", func(t *testing.T) {
+		requireBwrap(t)
+		testSlots(t, true)
+	})
+}
+
+func testSlots(t *testing.T, mixed bool) {
 	h := newHarness(t)
 	h.startRunner(Config{Slots: 2})
 	var ids []string
-	for range 6 {
+	for i := range 6 {
+		if mixed && i%2 == 1 {
+			ids = append(ids, h.submitWork(proto.WorkSubject("default", proto.CapReadonly),
+				&proto.Work{JobID: fmt.Sprintf("slots-ro-%d-%d", i, time.Now().UnixNano()), Command: "sleep 0.3", Readonly: true}))
+			continue
+		}
 		ids = append(ids, h.submit("sleep 0.3", proto.Limits{}))
 	}
 	for _, id := range ids {
-		h.exited(id, 20*time.Second)
+		if e := h.exited(id, 30*time.Second); e.Reason != proto.ReasonExit {
+			t.Fatalf("job %s: %+v", id, e)
+		}
 	}
 	type edge struct {
 		at    time.Time
@@ -308,5 +326,152 @@ func TestSlots(t *testing.T) {
 	}
 	if peak != 2 {
 		t.Fatalf("peak concurrency %d, want exactly 2 (slots)", peak)
+	}
+}
+
+// submitWork publishes w on subject and returns its id.
+func (h *harness) submitWork(subject string, w *proto.Work) string {
+	h.t.Helper()
+	w.V, w.Pool = proto.Version, "default"
+	if w.Cwd == "" {
+		w.Cwd = "/tmp"
+	}
+	if _, err := h.js.Publish(h.t.Context(), subject, proto.Encode(w)); err != nil {
+		h.t.Fatal(err)
+	}
+	return w.JobID
+}
+
+// heartbeats subscribes to a runner's heartbeats before it starts.
+func (h *harness) heartbeats(runnerID string) <-chan *proto.Heartbeat {
+	h.t.Helper()
+	ch := make(chan *proto.Heartbeat, 64)
+	sub, err := h.nc.Subscribe(proto.HeartbeatSubject(runnerID), func(m *nats.Msg) {
+		hb, err := proto.DecodeHeartbeat(m.Data)
+		if err != nil {
+			h.t.Error(err)
+			return
+		}
+		select {
+		case ch <- hb:
+		default:
+		}
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return ch
+}
+
+func firstHeartbeat(t *testing.T, ch <-chan *proto.Heartbeat) *proto.Heartbeat {
+	t.Helper()
+	select {
+	case hb := <-ch:
+		return hb
+	case <-time.After(30 * time.Second):
+		t.Fatal("no heartbeat")
+		return nil
+	}
+}
+
+// requireBwrap skips unless bubblewrap is installed.
+func requireBwrap(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		t.Skip("bwrap not installed (apt-get install bubblewrap)")
+	}
+}
+
+// TestReadonlyJob runs readonly work end to end: the probe passes, the heartbeat says so, the runner
+// takes work from the readonly subject and runs it with nothing writable and a minimal environment.
+func TestReadonlyJob(t *testing.T) {
+	requireBwrap(t)
+	h := newHarness(t)
+	t.Setenv("RO_RUNNER_SECRET", "leak")
+	id := fmt.Sprintf("ro-%d", time.Now().UnixNano())
+	hbs := h.heartbeats(id)
+	h.startRunner(Config{ID: id, Slots: 2})
+	if hb := firstHeartbeat(t, hbs); !hb.Readonly || hb.ReadonlyReason != "" {
+		t.Fatalf("heartbeat readonly=%v reason %q, want readonly", hb.Readonly, hb.ReadonlyReason)
+	}
+	dir := t.TempDir()
+	tests := []struct {
+		name, command string
+		env           map[string]string
+		code          int // -1: any non-zero
+		output        string
+		absent        string
+	}{
+		{name: "write cwd", command: "touch created", code: -1, absent: filepath.Join(dir, "created")},
+		{name: "write tmp", command: "touch /tmp/" + id, code: -1, absent: "/tmp/" + id},
+		{name: "read", command: "cat /proc/self/comm && ls /", code: 0},
+		{name: "runner env", command: "echo ${RO_RUNNER_SECRET:-unset} $REQUESTED", env: map[string]string{"REQUESTED": "yes"}, code: 0, output: "unset yes\n"},
+		{name: "env names", command: "env | cut -d= -f1 | grep -v -e '^PWD$' -e '^SHLVL$' -e '^_$' | sort", env: map[string]string{"REQUESTED": "yes"}, code: 0,
+			output: "HOME\nLANG\nPATH\nREQUESTED\nTERM\n"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			jobID := h.submitWork(proto.WorkSubject("default", proto.CapReadonly),
+				&proto.Work{JobID: fmt.Sprintf("%s-%d", id, i), Command: tt.command, Cwd: dir, Env: tt.env, Readonly: true})
+			e := h.exited(jobID, 20*time.Second)
+			if e.Reason == proto.ReasonStartFailed || e.ExitCode == nil {
+				t.Fatalf("exited %+v", e)
+			}
+			if tt.code == -1 && *e.ExitCode == 0 || tt.code >= 0 && *e.ExitCode != tt.code {
+				t.Fatalf("exit code %d, want %d; output %q", *e.ExitCode, tt.code, h.out(jobID))
+			}
+			if tt.output != "" && h.out(jobID) != tt.output {
+				t.Fatalf("output %q, want %q", h.out(jobID), tt.output)
+			}
+			if tt.absent != "" {
+				if _, err := os.Stat(tt.absent); err == nil {
+					os.Remove(tt.absent)
+					t.Fatalf("%s was created", tt.absent)
+				}
+			}
+		})
+	}
+}
+
+// TestReadonlyProbeFails: with a bwrap that cannot start first on PATH, the runner reports
+// readonly: false with the probe's reason, takes nothing from the readonly subject, and a readonly
+// job that reaches it anyway ends start_failed without running.
+func TestReadonlyProbeFails(t *testing.T) {
+	h := newHarness(t)
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "bwrap"), []byte("#!/bin/sh\necho 'bwrap: broken' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	id := fmt.Sprintf("noro-%d", time.Now().UnixNano())
+	hbs := h.heartbeats(id)
+	h.startRunner(Config{ID: id})
+	hb := firstHeartbeat(t, hbs)
+	if hb.Readonly || !strings.Contains(hb.ReadonlyReason, "bwrap: broken") {
+		t.Fatalf("heartbeat readonly=%v reason %q, want false with the probe's failure", hb.Readonly, hb.ReadonlyReason)
+	}
+
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	// Misrouted readonly work on the plain subject: the runner takes it and refuses to start it.
+	misrouted := h.submitWork(proto.WorkSubject("default", proto.CapPlain),
+		&proto.Work{JobID: id + "-plain", Command: "touch " + marker, Cwd: dir, Readonly: true})
+	e := h.exited(misrouted, 20*time.Second)
+	if e.Reason != proto.ReasonStartFailed || !strings.Contains(e.Error, "bwrap: broken") {
+		t.Fatalf("exited %+v, want start_failed with the probe's reason", e)
+	}
+	// Readonly work on the readonly subject: nobody takes it.
+	queued := h.submitWork(proto.WorkSubject("default", proto.CapReadonly),
+		&proto.Work{JobID: id + "-ro", Command: "touch " + marker, Cwd: dir, Readonly: true})
+	time.Sleep(3 * time.Second)
+	h.mu.Lock()
+	events := len(h.events[queued])
+	h.mu.Unlock()
+	if events != 0 {
+		t.Fatalf("readonly work was taken by a runner whose probe failed (%d events)", events)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a readonly command ran")
 	}
 }

@@ -241,6 +241,7 @@ type v1Group struct {
 // prepare turns cmd into the init step: this binary re-executed as initArg0, which joins every
 // hierarchy's cgroup.procs and then execs the real command (see MaybeInit). v1 has no way to fork
 // straight into a cgroup. The init step reports a failure on fd 3; success closes it empty on exec.
+// Descriptors that start puts from 4 on (a readonly job's seccomp program) pass through to the command.
 func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	var procs []string
 	for _, dir := range g.dirs {
@@ -252,7 +253,10 @@ func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	if err != nil {
 		return nil, fmt.Errorf("status pipe: %w", err)
 	}
-	cmd.ExtraFiles = []*os.File{sw}
+	if len(cmd.ExtraFiles) == 0 {
+		cmd.ExtraFiles = []*os.File{nil}
+	}
+	cmd.ExtraFiles[statusFD-3] = sw
 	return func(startErr error) error {
 		sw.Close()
 		defer sr.Close()

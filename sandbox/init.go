@@ -42,7 +42,13 @@ func parseInitArgs(args []string) (procs []string, path string, argv []string, e
 //
 // The init step runs Go runtime start-up and package init functions before it gets here, outside
 // the job's cgroups; nothing it runs can fork before the join, so nothing escapes.
+//
+// Run as the readonly probe (argv[1] probeArg, see ProbeReadonly) it checks the sandbox from inside
+// and exits.
 func MaybeInit() {
+	if len(os.Args) == 2 && os.Args[1] == probeArg {
+		os.Exit(probe(os.Stdout))
+	}
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return
 	}

@@ -2,8 +2,9 @@
 // accounted, and killed as a whole, on cgroup v1 (legacy or hybrid) and v2.
 //
 // A runner calls MaybeInit first thing in main (v1 starts jobs through a re-executed copy of the
-// binary), makes one Manager, calls Sweep once to clear what an earlier life left, and then, per
-// job, Start, reads Output to EOF while calling Wait, and Kill to cancel.
+// binary), makes one Manager, calls Sweep once to clear what an earlier life left, ProbeReadonly once
+// to learn whether readonly jobs (Spec.Readonly: bwrap and a seccomp filter) can run here, and then,
+// per job, Start, reads Output to EOF while calling Wait, and Kill to cancel.
 package sandbox
 
 import (
@@ -46,6 +47,9 @@ type Config struct {
 	Mountpoint string
 	// KillGrace is the time between SIGTERM and SIGKILL in Kill; default 2s.
 	KillGrace time.Duration
+	// Bwrap is the bubblewrap binary for readonly jobs, a path or a name looked up in PATH when the
+	// first readonly job (or ProbeReadonly) needs it; default "bwrap".
+	Bwrap string
 }
 
 // Manager starts jobs in cgroups below one root it owns.
@@ -53,6 +57,8 @@ type Manager struct {
 	version string
 	grace   time.Duration
 	h       hierarchy
+	bwrap   string
+	ro      readonlyTools
 
 	// mu guards live, the ids of jobs this Manager is running, so that Sweep spares them.
 	mu   sync.Mutex
@@ -99,7 +105,7 @@ func NewManager(cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("%w: no cgroup mount at /sys/fs/cgroup", ErrNoCgroups)
 		}
 	}
-	m := &Manager{version: cfg.Version, grace: cfg.KillGrace, live: make(map[string]bool)}
+	m := &Manager{version: cfg.Version, grace: cfg.KillGrace, bwrap: cfg.Bwrap, live: make(map[string]bool)}
 	var err error
 	switch cfg.Version {
 	case "v1":
@@ -200,11 +206,29 @@ func (m *Manager) Sweep() (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// Start creates the job's cgroup, applies spec.Resources and starts the command already inside it.
+// Start creates the job's cgroup, applies spec.Resources and starts the command already inside it;
+// with spec.Readonly the command is bwrap running spec's program under the readonly filter.
 func (m *Manager) Start(spec Spec) (*Process, error) {
 	l, err := spec.validate()
 	if err != nil {
 		return nil, err
+	}
+	// files are the descriptors from 3 on; nil leaves one closed.
+	var files []*os.File
+	if spec.Readonly {
+		ro, err := m.ro.get(m.bwrap)
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		}
+		wrapped, prog, err := ro.wrap(spec)
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		}
+		spec = wrapped
+		// The child has its own copy once started; bwrap closes it after loading the program.
+		defer prog.Close()
+		files = make([]*os.File, seccompFD-2)
+		files[seccompFD-3] = prog
 	}
 	m.mu.Lock()
 	if m.live[spec.ID] {
@@ -223,7 +247,7 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 		release()
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	p, err := start(g, spec, m.grace, release)
+	p, err := start(g, spec, files, m.grace, release)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}

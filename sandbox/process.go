@@ -52,8 +52,9 @@ type Process struct {
 	killMu sync.Mutex
 }
 
-// start launches spec's command inside g; release is called once the job is over.
-func start(g group, spec Spec, grace time.Duration, release func()) (*Process, error) {
+// start launches spec's command inside g with files as its descriptors from 3 on; release is called
+// once the job is over.
+func start(g group, spec Spec, files []*os.File, grace time.Duration, release func()) (*Process, error) {
 	fail := func(err error) (*Process, error) {
 		release()
 		return nil, errors.Join(err, g.remove())
@@ -75,12 +76,13 @@ func start(g group, spec Spec, grace time.Duration, release func()) (*Process, e
 		dir = "/"
 	}
 	cmd := &exec.Cmd{
-		Path:   spec.Path,
-		Args:   args,
-		Env:    env,
-		Dir:    dir,
-		Stdout: w, // one *os.File for both: the child gets the same pipe on fd 1 and 2, order kept
-		Stderr: w,
+		Path:       spec.Path,
+		Args:       args,
+		Env:        env,
+		Dir:        dir,
+		Stdout:     w, // one *os.File for both: the child gets the same pipe on fd 1 and 2, order kept
+		Stderr:     w,
+		ExtraFiles: files,
 		SysProcAttr: &syscall.SysProcAttr{
 			Setpgid:   true,
 			Pdeathsig: syscall.SIGKILL,

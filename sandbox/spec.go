@@ -31,6 +31,10 @@ type Spec struct {
 	Dir string
 	// Env is the exact environment; nothing is inherited from the runner.
 	Env []string
+	// Readonly runs the program inside bwrap with the readonly seccomp filter: nothing writable, no
+	// network, no AF_UNIX socket, no io_uring, no foreign syscall ABI, no capabilities (bwrapArgs,
+	// readonlyFilter). Start fails rather than run it any other way.
+	Readonly bool
 	// Resources holds the limits: Memory.Limit and Memory.Swap (memory+swap, as on v1), CPU.Quota and
 	// CPU.Period, Pids.Limit. Nil means unset. Any other field set is ErrUnsupported.
 	Resources *specs.LinuxResources
