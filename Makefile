@@ -16,8 +16,12 @@ run: deps build
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 40m ./...
 
+# bench prints each figure beside its baseline, measured in the same run: run-to-exit against a bare
+# `sh -c true`, readonly against a bare bwrap with the same arguments, and output throughput.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 300x -timeout 30m ./cmd/sbx/ ./sandbox/
+	$(GO) test -run '^$$' -bench 'RunToExit|ExitToNotification' -benchtime 300x -timeout 20m ./cmd/sbx/
+	$(GO) test -run '^$$' -bench OutputThroughput -benchtime 3x -timeout 20m ./cmd/sbx/
+	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 20m ./sandbox/
 
 vet:
 	$(GO) vet ./...
