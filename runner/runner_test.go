@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -33,11 +34,20 @@ type harness struct {
 
 	mu     sync.Mutex
 	events map[string][]*proto.Event
-	output map[string]*bytes.Buffer
+	output map[string]map[int64][]byte // job → offset → chunk: a retried publish may land late
 	change chan struct{}
 }
 
 func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := newHarnessWith(t, 0)
+	h.consume()
+	return h
+}
+
+// newHarnessWith makes the harness with the event stream bounded to eventBytes (0: unbounded, as
+// natsbus makes it but for the bound) and consumes nothing until consume is called.
+func newHarnessWith(t *testing.T, eventBytes int64) *harness {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("runner tests need root for cgroups")
@@ -61,13 +71,24 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	for name, subj := range map[string]string{proto.WorkStream: proto.WorkSubjects, proto.EventStream: proto.EventSubjects} {
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}, Retention: jetstream.WorkQueuePolicy}); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: proto.WorkStream, Subjects: []string{proto.WorkSubjects}, Retention: jetstream.WorkQueuePolicy}); err != nil {
+		t.Fatal(err)
 	}
-	h := &harness{t: t, nc: nc, js: js, events: map[string][]*proto.Event{}, output: map[string]*bytes.Buffer{}, change: make(chan struct{})}
-	cons, err := js.CreateConsumer(ctx, proto.EventStream, jetstream.ConsumerConfig{Durable: "test", AckPolicy: jetstream.AckExplicitPolicy})
+	events := jetstream.StreamConfig{Name: proto.EventStream, Subjects: []string{proto.EventSubjects}, Retention: jetstream.WorkQueuePolicy, Discard: jetstream.DiscardNew}
+	if eventBytes > 0 {
+		events.MaxBytes = eventBytes
+	}
+	if _, err := js.CreateStream(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, nc: nc, js: js, events: map[string][]*proto.Event{}, output: map[string]map[int64][]byte{}, change: make(chan struct{})}
+}
+
+// consume records every event of the event stream, acking each.
+func (h *harness) consume() {
+	t := h.t
+	t.Helper()
+	cons, err := h.js.CreateConsumer(t.Context(), proto.EventStream, jetstream.ConsumerConfig{Durable: "test", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,15 +102,10 @@ func newHarness(t *testing.T) *harness {
 				t.Error(err)
 				return
 			}
-			b := h.output[job]
-			if b == nil {
-				b = &bytes.Buffer{}
-				h.output[job] = b
+			if h.output[job] == nil {
+				h.output[job] = map[int64][]byte{}
 			}
-			if int64(b.Len()) != c.Offset {
-				t.Errorf("job %s: chunk at %d after %d bytes", job, c.Offset, b.Len())
-			}
-			b.Write(c.Data)
+			h.output[job][c.Offset] = bytes.Clone(c.Data)
 		} else {
 			e, err := proto.DecodeEvent(m.Data())
 			if err != nil {
@@ -106,7 +122,6 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(cc.Stop)
-	return h
 }
 
 // startRunner runs a runner until the test ends.
@@ -167,13 +182,24 @@ func (h *harness) exited(id string, timeout time.Duration) *proto.Event {
 	}
 }
 
+// out assembles the job's output from its chunks, failing the test on a gap or an overlap.
 func (h *harness) out(id string) string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if b := h.output[id]; b != nil {
-		return b.String()
+	chunks := h.output[id]
+	offsets := make([]int64, 0, len(chunks))
+	for off := range chunks {
+		offsets = append(offsets, off)
 	}
-	return ""
+	slices.Sort(offsets)
+	var b bytes.Buffer
+	for _, off := range offsets {
+		if off != int64(b.Len()) {
+			h.t.Errorf("job %s: chunk at %d after %d bytes", id, off, b.Len())
+		}
+		b.Write(chunks[off])
+	}
+	return b.String()
 }
 
 func TestRunJob(t *testing.T) {
@@ -473,5 +499,52 @@ func TestReadonlyProbeFails(t *testing.T) {
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("a readonly command ran")
+	}
+}
+
+// TestBackpressure: while the event stream is full the runner stops reading the job's pipe, so the job
+// blocks on write; once there is room again every byte arrives, in order, and the job ends.
+func TestBackpressure(t *testing.T) {
+	h := newHarnessWith(t, 256<<10)
+	r := h.startRunner(Config{})
+	id := h.submit("seq 1 300000; echo done", proto.Limits{})
+	want := func() string {
+		var b strings.Builder
+		for i := 1; i <= 300000; i++ {
+			fmt.Fprintf(&b, "%d\n", i)
+		}
+		return b.String() + "done\n"
+	}()
+
+	// Nothing consumes: the stream fills and the job must stall, not finish.
+	time.Sleep(time.Second)
+	info, err := h.js.Stream(t.Context(), proto.EventStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := info.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State.Bytes > 256<<10 || st.State.Msgs == 0 {
+		t.Fatalf("event stream holds %d bytes in %d messages; want it full, within 256 KiB", st.State.Bytes, st.State.Msgs)
+	}
+	if len(want) <= 256<<10 {
+		t.Fatal("the job's output must be larger than the stream")
+	}
+	r.mu.Lock()
+	_, running := r.jobs[id]
+	r.mu.Unlock()
+	if !running {
+		t.Fatal("the job ended while its output could not be published")
+	}
+
+	h.consume()
+	e := h.exited(id, 30*time.Second)
+	if e.Reason != proto.ReasonExit || e.OutputBytes != int64(len(want)) {
+		t.Fatalf("exited %+v, want a normal exit with %d bytes", e, len(want))
+	}
+	if got := h.out(id); got != want {
+		t.Fatalf("output differs: %d bytes, want %d", len(got), len(want))
 	}
 }
