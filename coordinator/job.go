@@ -69,6 +69,12 @@ type Job struct {
 	Usage       *Usage     `json:"usage,omitempty"`
 	// WorkSeq is the sequence of the job's work message in the work stream, to withdraw it while queued.
 	WorkSeq uint64 `json:"work_seq,omitempty"`
+	// Notify, Monitor and Persistent are what the request asked to be told about the output.
+	Notify     *OutputNotify `json:"notify_on_output,omitempty"`
+	Monitor    bool          `json:"monitor,omitempty"`
+	Persistent bool          `json:"persistent,omitempty"`
+	// Observed is set when the end was seen by a waiting caller, so no finished notification was sent.
+	Observed bool `json:"observed,omitempty"`
 }
 
 // ElapsedMS is the time from start to end (or to now while running); 0 before the start.

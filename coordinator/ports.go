@@ -56,3 +56,28 @@ type Dispatcher interface {
 	// Control sends a request to one runner and returns its reply.
 	Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error)
 }
+
+// Store is everything the coordinator keeps durably.
+type Store interface {
+	JobStore
+	NotificationStore
+	SessionStore
+}
+
+// NotificationStore keeps notifications, per session, in sequence.
+type NotificationStore interface {
+	// AddNotifications stores notifications in order, each taking the next seq of its session. One
+	// whose ID is already stored (a redelivered event applied twice) is not stored again: it gets
+	// the seq it was stored with.
+	AddNotifications(ctx context.Context, notes []*Notification) error
+	// Notifications returns up to limit notifications of the session with seq > after, in order.
+	Notifications(ctx context.Context, session string, after uint64, limit int) ([]*Notification, error)
+}
+
+// SessionStore keeps sessions.
+type SessionStore interface {
+	// PutSession creates or replaces a session.
+	PutSession(ctx context.Context, s *Session) error
+	// Sessions returns every session, each with LastSeq, the seq of its last notification.
+	Sessions(ctx context.Context) ([]*Session, error)
+}

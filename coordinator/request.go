@@ -31,10 +31,15 @@ type StartRequest struct {
 	Session    string
 	Limits     Limits
 	BlockUntil time.Duration
+	// NotifyOnOutput asks for notifications when output lines match a pattern.
+	NotifyOnOutput *OutputNotify
+	// Monitor makes every output line a notification; Persistent lifts a monitor's timeout.
+	Monitor    bool
+	Persistent bool
 }
 
 // validate checks every field, naming the first one that is wrong, and fills defaults.
-func (r *StartRequest) validate(checkCwd bool) error {
+func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error {
 	if strings.TrimSpace(r.Command) == "" {
 		return Errorf(EINVALID, "command is required and must not be blank.")
 	}
@@ -88,6 +93,16 @@ func (r *StartRequest) validate(checkCwd bool) error {
 	}
 	if r.BlockUntil < 0 || r.BlockUntil > MaxBlockUntil {
 		return Errorf(EINVALID, "block_until_ms must be between 0 and %d.", MaxBlockUntil.Milliseconds())
+	}
+	if r.NotifyOnOutput != nil {
+		n := *r.NotifyOnOutput // the caller's value stays as it was
+		if err := n.validate(minDebounce); err != nil {
+			return err
+		}
+		r.NotifyOnOutput = &n
+	}
+	if r.Persistent && !r.Monitor {
+		return Errorf(EINVALID, "persistent applies only to a monitor: set monitor as well.")
 	}
 	return nil
 }

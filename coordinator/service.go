@@ -27,8 +27,20 @@ type Config struct {
 	HeaderInterval time.Duration
 	// CheckInterval is how often silent runners and jobs that never started are looked for (1 s).
 	CheckInterval time.Duration
-	Now           func() time.Time
-	Logger        *slog.Logger
+	// NotifyInterval is how often debounce windows, stalls and session leases are looked at (100 ms).
+	NotifyInterval time.Duration
+	// StallAfter is how long output must stay unchanged before a prompt-like last line notifies (30 s).
+	StallAfter time.Duration
+	// MinDebounce is the shortest notify_on_output debounce accepted (5 s); tests lower it.
+	MinDebounce time.Duration
+	// MonitorMaxLines lines per MonitorWindow are the most a monitor may print; more stops it
+	// (200 lines per 10 s).
+	MonitorMaxLines int
+	MonitorWindow   time.Duration
+	// MonitorTimeout is a monitor's timeout unless it is persistent or sets its own (30 min).
+	MonitorTimeout time.Duration
+	Now            func() time.Time
+	Logger         *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -47,6 +59,24 @@ func (c *Config) setDefaults() {
 	if c.CheckInterval == 0 {
 		c.CheckInterval = time.Second
 	}
+	if c.NotifyInterval == 0 {
+		c.NotifyInterval = 100 * time.Millisecond
+	}
+	if c.StallAfter == 0 {
+		c.StallAfter = 30 * time.Second
+	}
+	if c.MinDebounce == 0 {
+		c.MinDebounce = DefaultDebounce
+	}
+	if c.MonitorMaxLines == 0 {
+		c.MonitorMaxLines = 200
+	}
+	if c.MonitorWindow == 0 {
+		c.MonitorWindow = 10 * time.Second
+	}
+	if c.MonitorTimeout == 0 {
+		c.MonitorTimeout = 30 * time.Minute
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -60,15 +90,18 @@ func (c *Config) setDefaults() {
 // concurrently.
 type Service struct {
 	cfg   Config
-	jobs  JobStore
+	jobs  Store
 	out   OutputStore
 	disp  Dispatcher
 	start time.Time
 
-	mu      sync.Mutex
-	live    map[string]*liveJob // every job not yet ended
-	runners map[string]*Runner
-	stats   Stats
+	mu       sync.Mutex
+	live     map[string]*liveJob // every job not yet ended
+	runners  map[string]*Runner
+	sessions map[string]*Session // handed out only as copies
+	// notesChanged is closed and replaced whenever a notification is stored.
+	notesChanged chan struct{}
+	stats        Stats
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -81,6 +114,20 @@ type liveJob struct {
 	changed chan struct{} // closed and replaced at every change
 	// exitSeen is when the exit event first arrived while output was still missing.
 	exitSeen time.Time
+
+	// observers counts the callers waiting for the end right now (a blocking start, a wait). An end
+	// applied while one waits is observed: no finished notification is stored, unless every
+	// observer then returns without reporting it (endSeen stays false).
+	observers int
+	endSeen   bool
+	// sessionEnded: the job's session ended, so its end is session_ended. quiet: it notifies nothing.
+	sessionEnded bool
+	quiet        bool
+	watch        *watch // nil when nothing watches the output
+	// lastGrowth is when the body last grew; stallChecked is set once the current quiet spell was
+	// looked at for a prompt.
+	lastGrowth   time.Time
+	stallChecked bool
 }
 
 // wrote records a chunk written at [off, end) and reports whether the gap-free body grew.
@@ -113,12 +160,27 @@ func (l *liveJob) notify() {
 }
 
 // New returns a Service. It loads the unfinished jobs of an earlier life from the store.
-func New(ctx context.Context, cfg Config, jobs JobStore, out OutputStore, disp Dispatcher) (*Service, error) {
+func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Dispatcher) (*Service, error) {
 	cfg.setDefaults()
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
-		live: map[string]*liveJob{}, runners: map[string]*Runner{},
-		stats: Stats{JobsEnded: map[Status]int64{}},
+		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
+		notesChanged: make(chan struct{}),
+		stats:        Stats{JobsEnded: map[Status]int64{}},
+	}
+	sessions, err := jobs.Sessions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := cfg.Now()
+	for _, st := range sessions {
+		if st.ExpiresAt != nil {
+			// Renewals made in memory were lost with the process: give the lease a full length again.
+			if at := now.Add(time.Duration(st.LeaseMS) * time.Millisecond); at.After(*st.ExpiresAt) {
+				st.ExpiresAt = &at
+			}
+		}
+		s.sessions[st.ID] = st
 	}
 	unfinished, err := jobs.UnfinishedJobs(ctx)
 	if err != nil {
@@ -129,7 +191,9 @@ func New(ctx context.Context, cfg Config, jobs JobStore, out OutputStore, disp D
 		if err != nil {
 			return nil, err
 		}
-		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{})}
+		// Output matching resumes at the end of what is on disk: what was before was matched in
+		// the earlier life.
+		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newWatch(j, &cfg), lastGrowth: now}
 	}
 	return s, nil
 }
@@ -143,7 +207,7 @@ type StartResult struct {
 
 // Start validates the request, records the job, queues it and, when asked, waits for it to end.
 func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, error) {
-	if err := req.validate(s.cfg.CheckCwd); err != nil {
+	if err := req.validate(s.cfg.CheckCwd, s.cfg.MinDebounce); err != nil {
 		return nil, err
 	}
 	if req.Readonly {
@@ -155,9 +219,13 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Cwd: req.Cwd,
 		Readonly: req.Readonly, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
 	}
 	if job.Limits.OutputBytes == 0 {
 		job.Limits.OutputBytes = s.cfg.DefaultOutputBytes
+	}
+	if job.Monitor && !job.Persistent && job.Limits.TimeoutMS == 0 {
+		job.Limits.TimeoutMS = s.cfg.MonitorTimeout.Milliseconds()
 	}
 	job.OutputPath = s.out.Path(job.ID)
 	work := &proto.Work{
@@ -166,11 +234,19 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	}
 
 	s.mu.Lock()
+	if _, err := s.sessionLocked(ctx, job.Session); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
 	if err := s.jobs.PutJob(ctx, job); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
-	l := &liveJob{job: job, changed: make(chan struct{})}
+	l := &liveJob{job: job, changed: make(chan struct{}), watch: newWatch(job, &s.cfg), lastGrowth: now}
+	if req.BlockUntil > 0 {
+		// The caller observes from now on: a job that ends before the wait below begins is seen too.
+		l.observers++
+	}
 	s.live[job.ID] = l
 	s.stats.JobsStarted++
 	s.mu.Unlock()
@@ -180,6 +256,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		s.mu.Lock()
 		job.end(s.cfg.Now(), proto.ReasonStartFailed, nil)
 		job.Error = "The job could not be queued: " + err.Error()
+		l.quiet = true // the caller gets the error instead
 		s.finishLocked(ctx, l)
 		s.mu.Unlock()
 		return nil, Errorf(EUNAVAILABLE, "The job could not be queued; is NATS reachable?")
@@ -190,7 +267,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 
 	res := &StartResult{Job: s.snapshot(job.ID, job)}
 	if req.BlockUntil > 0 {
-		w, err := s.Wait(ctx, job.ID, req.BlockUntil, nil)
+		w, err := s.wait(ctx, job.ID, l, req.BlockUntil, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -274,9 +351,25 @@ type WaitResult struct {
 }
 
 // Wait returns when the job ends, when pattern (if any) matches its output so far, or after timeout.
+// While it waits it observes the job: an end it reports is not notified.
 func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pattern *regexp.Regexp) (*WaitResult, error) {
 	if timeout < 0 || timeout > MaxWaitTimeout {
 		return nil, Errorf(EINVALID, "timeout_ms must be between 0 and %d.", MaxWaitTimeout.Milliseconds())
+	}
+	s.mu.Lock()
+	l := s.live[id]
+	if l != nil {
+		l.observers++
+	}
+	s.mu.Unlock()
+	return s.wait(ctx, id, l, timeout, pattern)
+}
+
+// wait is Wait for a caller already counted among l's observers (l nil: the job is not live). It
+// uncounts the caller when it returns.
+func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.Duration, pattern *regexp.Regexp) (res *WaitResult, err error) {
+	if l != nil {
+		defer func() { s.unobserve(l, err == nil && res.Done) }()
 	}
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -304,10 +397,34 @@ func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pa
 		select {
 		case <-changed:
 		case <-timer.C:
-			return &WaitResult{Job: job}, nil
+			// The end may have come with the timeout: report it rather than leave it unseen.
+			if job, _, changed, err = s.watch(ctx, id); err != nil {
+				return nil, err
+			}
+			return &WaitResult{Job: job, Done: changed == nil}, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+	}
+}
+
+// unobserve uncounts an observer of l. When the job's end was observed but the last observer leaves
+// without having reported it (it gave up, its caller went away), the finished notification is
+// stored after all, so that the end is never lost.
+func (s *Service) unobserve(l *liveJob, sawEnd bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l.observers--
+	if sawEnd {
+		l.endSeen = true
+	}
+	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet {
+		return
+	}
+	l.endSeen = true // once
+	n := finishedNote(l.job)
+	if err := s.addNotesLocked(context.Background(), l, []note{n}); err != nil {
+		s.cfg.Logger.Error("store finished notification", "job", l.job.ID, "err", err)
 	}
 }
 
@@ -418,8 +535,14 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if l, ok := s.live[id]; ok && l.job.Runner == "" {
-				l.job.end(s.cfg.Now(), proto.ReasonKilled, nil)
-				s.finishLocked(ctx, l)
+				reason := proto.ReasonKilled
+				if l.sessionEnded {
+					reason = proto.ReasonSessionEnded
+				}
+				l.job.end(s.cfg.Now(), reason, nil)
+				if err := s.finishLocked(ctx, l); err != nil {
+					return err
+				}
 			}
 			return nil
 		}
@@ -487,6 +610,7 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 		if err := s.out.Begin(j); err != nil {
 			return err
 		}
+		l.lastGrowth = s.cfg.Now()
 	case proto.EventExited:
 		// Every chunk was stored before the exit event, but one can come back later (a retried
 		// publish, a redelivery): the job ends only once its output is whole, or after
@@ -506,7 +630,11 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 		j.Signal = e.Signal
 		j.Error = e.Error
 		j.Usage = e.Usage
-		j.end(at, e.Reason, e.ExitCode)
+		reason := e.Reason
+		if l.sessionEnded {
+			reason = proto.ReasonSessionEnded // the runner says killed: the session is why
+		}
+		j.end(at, reason, e.ExitCode)
 		return s.finishLocked(ctx, l)
 	}
 	if err := s.jobs.PutJob(ctx, j); err != nil {
@@ -516,11 +644,32 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 	return nil
 }
 
-// finishLocked writes an ended job's footer and record and wakes its waiters. s.mu is held.
+// finishLocked stores an ended job's notifications, writes its footer and record and wakes its
+// waiters. s.mu is held.
+//
+// The finished notification is decided here, in the same step as the end: if a caller is waiting
+// for the end right now, it sees the end and no notification is stored (the job is marked
+// observed); otherwise the notification is stored before the job is, and before the event is acked.
+// Pending output notifications go first. A job whose session ended notifies nothing.
 func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	j := l.job
 	if j.OutputBytes < l.size {
 		j.OutputBytes = l.size
+	}
+	if !l.quiet {
+		var notes []note
+		if l.watch != nil {
+			l.watch.end(s.cfg.Now())
+			notes = l.watch.take()
+		}
+		if l.observers > 0 {
+			j.Observed = true
+		} else {
+			notes = append(notes, finishedNote(j))
+		}
+		if err := s.addNotesLocked(ctx, l, notes); err != nil {
+			return err
+		}
 	}
 	if j.StartedAt == nil {
 		if err := s.out.Begin(j); err != nil {
@@ -579,8 +728,43 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.OutputBytes += int64(len(c.Data))
-	if l.wrote(c.Offset, c.Offset+int64(len(c.Data))) {
+	old, end := l.size, c.Offset+int64(len(c.Data))
+	if l.wrote(c.Offset, end) {
+		l.lastGrowth, l.stallChecked = s.cfg.Now(), false
+		if err := s.watchOutputLocked(ctx, l, old, c); err != nil {
+			return err
+		}
 		l.notify()
+	}
+	return nil
+}
+
+// watchOutputLocked hands the body's newly contiguous bytes [old, l.size) to the job's watch and
+// stores what it notifies. The chunk's own bytes are used when they are exactly the new part;
+// otherwise (the chunk closed a gap) the new part is read back from the file. s.mu is held.
+func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, c *proto.Chunk) error {
+	if l.watch == nil || l.quiet {
+		return nil
+	}
+	data := c.Data
+	if c.Offset != old || c.Offset+int64(len(c.Data)) != l.size {
+		rc, err := s.out.Open(l.job.ID, old, l.size-old)
+		if err != nil {
+			return err
+		}
+		data, err = io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	l.watch.feed(data, s.cfg.Now())
+	if err := s.addNotesLocked(ctx, l, l.watch.take()); err != nil {
+		return err
+	}
+	if l.watch.monStopped && !l.watch.monKillAsked && l.job.Runner != "" {
+		l.watch.monKillAsked = true
+		go s.stopStray(l.job.Runner, l.job.ID)
 	}
 	return nil
 }
@@ -592,6 +776,8 @@ func (s *Service) Run(ctx context.Context) {
 	defer header.Stop()
 	check := time.NewTicker(s.cfg.CheckInterval)
 	defer check.Stop()
+	notify := time.NewTicker(s.cfg.NotifyInterval)
+	defer notify.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -600,6 +786,9 @@ func (s *Service) Run(ctx context.Context) {
 			s.touchHeaders()
 		case <-check.C:
 			s.markLost(ctx)
+		case <-notify.C:
+			s.checkNotes(ctx)
+			s.endExpired(ctx)
 		}
 	}
 }

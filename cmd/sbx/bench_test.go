@@ -96,3 +96,72 @@ func BenchmarkOutputThroughput(b *testing.B) {
 	}
 	b.ReportMetric(float64(size*b.N)/elapsed.Seconds()/1e6, "MB/s")
 }
+
+// BenchmarkExitToNotification measures, for `true` started in the background, the time from the
+// job's ended_at (the runner's clock, on this machine) to the moment a long-polling client
+// (GET /v1/notifications?wait_ms=) has its finished notification.
+func BenchmarkExitToNotification(b *testing.B) {
+	s := startServe(b)
+	ctx := b.Context()
+	const session = "bench"
+	type arrival struct {
+		job string
+		at  time.Time
+	}
+	arrivals := make(chan arrival, 64)
+	pollErr := make(chan error, 1)
+	go func() {
+		var after uint64
+		for {
+			page, err := s.c.Notifications(ctx, session, &after, time.Minute)
+			now := time.Now()
+			if err != nil {
+				if ctx.Err() == nil {
+					pollErr <- err
+				}
+				close(arrivals)
+				return
+			}
+			for _, n := range page.Notifications {
+				if n.Kind == "finished" {
+					arrivals <- arrival{n.JobID, now}
+				}
+			}
+			after = page.Next
+		}
+	}()
+	req := client.StartRequest{Command: "true", Cwd: "/", Session: session}
+	one := func() time.Duration {
+		r, err := s.c.Start(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var a arrival
+		select {
+		case a = <-arrivals:
+		case err := <-pollErr:
+			b.Fatal(err)
+		case <-time.After(30 * time.Second):
+			b.Fatal("no notification")
+		}
+		if a.job != r.Job.ID {
+			b.Fatalf("notification of %s, want %s", a.job, r.Job.ID)
+		}
+		j, err := s.c.Job(ctx, r.Job.ID)
+		if err != nil || j.EndedAt == nil {
+			b.Fatalf("job %+v, %v", j, err)
+		}
+		return a.at.Sub(*j.EndedAt)
+	}
+	for range 5 { // warm up
+		one()
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		lat = append(lat, one())
+	}
+	b.StopTimer()
+	b.ReportMetric(percentile(lat, 50), "p50-ms")
+	b.ReportMetric(percentile(lat, 99), "p99-ms")
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -52,6 +53,10 @@ func cmdClient(ctx context.Context, name string, args []string, getenv func(stri
 		err = cc.kill(ctx, fs, args)
 	case "runners":
 		err = cc.runners(ctx, fs, args)
+	case "events":
+		err = cc.events(ctx, fs, args)
+	case "end-session":
+		err = cc.endSession(ctx, fs, args)
 	}
 	return cc.explain(err)
 }
@@ -171,8 +176,14 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.StringVar(&req.Session, "session", "", "session of the job")
 	fs.StringVar(&req.Pool, "pool", "", "pool of runners")
 	fs.Var(envList(req.Env), "env", "K=V added to the job's environment (repeatable)")
+	notifyOn := fs.String("notify-on", "", "notify when an output line matches this RE2 pattern")
+	fs.BoolVar(&req.Monitor, "monitor", false, "notify every output line (stopped if it prints too fast)")
+	fs.BoolVar(&req.Persistent, "persistent", false, "with --monitor: no default timeout")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *notifyOn != "" {
+		req.NotifyOnOutput = &client.NotifyOnOutput{Pattern: *notifyOn, Reason: *notifyOn}
 	}
 	command := fs.Args()
 	if len(command) == 0 {
@@ -411,4 +422,94 @@ func (cc *clientCmd) runners(ctx context.Context, fs *flag.FlagSet, args []strin
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%v\t%s\t%s ago\n", r.ID, r.Pool, r.Running, r.Slots, r.Readonly, r.Cgroup, time.Since(r.LastSeen).Round(time.Second))
 	}
 	return tw.Flush()
+}
+
+// maxEventWait is the longest long-poll `sbx events -f` makes; it polls again after each.
+const maxEventWait = 5 * time.Minute
+
+// events prints the session's notifications after its acked cursor, acking each as it is printed;
+// with -f it follows, long-polling, until interrupted.
+func (cc *clientCmd) events(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	follow := fs.Bool("f", false, "follow: wait for notifications and print them as they come")
+	session := fs.String("session", "", "session (default: default)")
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usageError("events takes no arguments")
+	}
+	id := *session
+	if id == "" {
+		id = "default"
+	}
+	var after *uint64
+	for {
+		var wait time.Duration
+		if *follow {
+			wait = maxEventWait
+		}
+		raw, err := cc.c.Do(ctx, "GET", client.NotificationsPath(id, after, wait), nil)
+		if err != nil {
+			if *follow && ctx.Err() != nil {
+				return nil // interrupted
+			}
+			return err
+		}
+		var page client.Notifications
+		if err := json.Unmarshal(raw, &page); err != nil {
+			return fmt.Errorf("decode notifications: %w", err)
+		}
+		if cc.json && !*follow {
+			if err := cc.printJSON(raw); err != nil {
+				return err
+			}
+		}
+		for _, n := range page.Notifications {
+			if cc.json {
+				if *follow {
+					line, _ := json.Marshal(n)
+					fmt.Fprintln(cc.stdout, string(line))
+				}
+			} else if _, err := fmt.Fprintln(cc.stdout, n.Text); err != nil {
+				return err
+			}
+		}
+		if len(page.Notifications) > 0 {
+			if _, err := cc.c.Ack(ctx, id, page.Next); err != nil {
+				return err
+			}
+		}
+		next := page.Next
+		after = &next
+		if !*follow {
+			return nil
+		}
+	}
+}
+
+// endSession ends a session, stopping its jobs without notifications, and prints their ids.
+func (cc *clientCmd) endSession(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("end-session: want exactly one session id, got %d arguments", len(pos))
+	}
+	raw, err := cc.c.Do(ctx, "DELETE", "/v1/sessions/"+url.PathEscape(pos[0]), nil)
+	if err != nil {
+		return err
+	}
+	if cc.json {
+		return cc.printJSON(raw)
+	}
+	var r struct {
+		Stopped []string `json:"stopped"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return fmt.Errorf("decode reply: %w", err)
+	}
+	for _, id := range r.Stopped {
+		fmt.Fprintln(cc.stdout, id)
+	}
+	return nil
 }

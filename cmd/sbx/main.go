@@ -69,6 +69,8 @@ Client (SBX_ADDR, default http://127.0.0.1:7070; SBX_TOKEN):
   logs [-f] ID                print a job's output
   kill ID                     stop a job
   runners                     list runners
+  events [-f] [--session S]   print (and ack) notifications; -f follows
+  end-session S               end a session: stop its jobs, without notifications
 
 Run 'sbx <command> -h' for a command's flags.`
 
@@ -86,7 +88,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdCoordinator(ctx, rest, getenv, stdout, stderr)
 	case "runner":
 		return cmdRunner(ctx, rest, getenv, stderr)
-	case "run", "ps", "status", "wait", "logs", "kill", "runners":
+	case "run", "ps", "status", "wait", "logs", "kill", "runners", "events", "end-session":
 		return cmdClient(ctx, cmd, rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)

@@ -368,3 +368,101 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("relative cwd: %v", err)
 	}
 }
+
+// events reads the session's notifications with `sbx events` (which acks them) until want is in
+// what was read, or 15 s pass; it returns everything read.
+func (s *instance) events(t *testing.T, session, want string) string {
+	t.Helper()
+	var all string
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		out, err := s.sbx(t, "events", "--session", session)
+		if err != nil {
+			t.Fatalf("events: %v", err)
+		}
+		all += out
+		if strings.Contains(all, want) {
+			return all
+		}
+	}
+	t.Fatalf("no %q in the notifications:\n%s", want, all)
+	return ""
+}
+
+// TestNotifyEndToEnd: finished, output and stall notifications through `sbx events`; a job that
+// ended within --wait sends none.
+func TestNotifyEndToEnd(t *testing.T) {
+	s := startServe(t, "--stall-after", "1s")
+	out, err := s.sbx(t, "run", "--session", "e2e", "--title", "fails", "--", "sh", "-c", "'exit 1'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	got := s.events(t, "e2e", "task_id: "+id)
+	if !strings.Contains(got, "The following task has finished.") || !strings.Contains(got, "status: error\ntask_id: "+id+"\ntitle: fails\ntool_call_id: "+id+"\ndetail: exit_code=1\n") {
+		t.Fatalf("finished notification:\n%s", got)
+	}
+
+	if _, err := s.sbx(t, "run", "--session", "e2e", "--wait", "10s", "--", "true"); err != nil {
+		t.Fatal(err)
+	}
+	out, err = s.sbx(t, "run", "--session", "e2e", "--notify-on", "^ERR", "--", "sh", "-c", "'for i in $(seq 20); do echo ERR $i; done'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = strings.TrimSpace(out)
+	got = s.events(t, "e2e", "task_id: "+id+"\ntitle: sh -c 'for i in $(seq 20); do echo ERR $i; done'\ntool_call_id: "+id+"\ndetail: exit_code=0")
+	if n := strings.Count(got, "<system_notification>"); n != 3 {
+		t.Fatalf("got %d notifications, want the first match, the 19 more and the end (the --wait job sends none):\n%s", n, got)
+	}
+	if !strings.Contains(got, "detail: ^ERR (occurrence 1): ERR 1\n") || !strings.Contains(got, "detail: ^ERR: 19 more times since the previous notification; latest (occurrence 20): ERR 20\n") {
+		t.Fatalf("output notifications:\n%s", got)
+	}
+
+	out, err = s.sbx(t, "run", "--session", "e2e", "--", "sh", "-c", `'printf "Continue? (y/n) "; sleep 3'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = strings.TrimSpace(out)
+	got = s.events(t, "e2e", "Continue? (y/n)")
+	if !strings.Contains(got, "status: error\ntask_id: "+id) || strings.Contains(got, "has finished") {
+		t.Fatalf("stall notification:\n%s", got)
+	}
+	got = s.events(t, "e2e", "has finished")
+	if !strings.Contains(got, "task_id: "+id) {
+		t.Fatalf("finished after the stall:\n%s", got)
+	}
+}
+
+// TestEndSessionEndToEnd: end-session stops the session's jobs, as session_ended, silently.
+func TestEndSessionEndToEnd(t *testing.T) {
+	s := startServe(t)
+	out, err := s.sbx(t, "run", "--session", "doomed", "--", "sleep", "100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		j, err := s.c.Job(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Status == client.StatusRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job did not start: %+v", j)
+		}
+	}
+	out, err = s.sbx(t, "end-session", "doomed")
+	if err != nil || strings.TrimSpace(out) != id {
+		t.Fatalf("end-session: %q, %v", out, err)
+	}
+	w, err := s.c.Wait(t.Context(), id, 10*time.Second, "")
+	if err != nil || !w.Done || w.Job.Status != client.StatusAborted || w.Job.Reason != "session_ended" {
+		t.Fatalf("wait: %+v, %v", w, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if out, err := s.sbx(t, "events", "--session", "doomed"); err != nil || out != "" {
+		t.Fatalf("events of an ended session: %q, %v", out, err)
+	}
+}

@@ -61,12 +61,14 @@ func newLogger(stderr io.Writer) *slog.Logger {
 // coordinatorFlags are the flags serve and coordinator share.
 type coordinatorFlags struct {
 	listen, data, tokenFile string
+	stallAfter              time.Duration
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7070", "HTTP API address")
 	fs.StringVar(&c.data, "data", defaultDataDir(getenv), "data directory")
 	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the bearer token every /v1 call must carry")
+	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -243,7 +245,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 	if err != nil {
 		return err
 	}
-	svc, err := coordinator.New(ctx, coordinator.Config{CheckCwd: local, Logger: log}, db, terms, bus)
+	svc, err := coordinator.New(ctx, coordinator.Config{CheckCwd: local, Logger: log, StallAfter: cf.stallAfter}, db, terms, bus)
 	if err != nil {
 		return err
 	}

@@ -38,6 +38,10 @@ type Job struct {
 	Limits      Limits     `json:"limits"`
 	Usage       *Usage     `json:"usage"`
 	Error       string     `json:"error,omitempty"`
+	// NotifyOnOutput, Monitor and Persistent are what the start asked for.
+	NotifyOnOutput *NotifyOnOutput `json:"notify_on_output"`
+	Monitor        bool            `json:"monitor"`
+	Persistent     bool            `json:"persistent"`
 }
 
 // Ended reports whether the job's status is final.
@@ -70,6 +74,11 @@ type StartRequest struct {
 	Pool     string            `json:"pool,omitempty"`
 	Session  string            `json:"session,omitempty"`
 	Limits   *Limits           `json:"limits,omitempty"`
+	// NotifyOnOutput asks for a notification when an output line matches its pattern.
+	NotifyOnOutput *NotifyOnOutput `json:"notify_on_output,omitempty"`
+	// Monitor makes every output line a notification; Persistent lifts a monitor's timeout.
+	Monitor    bool `json:"monitor,omitempty"`
+	Persistent bool `json:"persistent,omitempty"`
 	// BlockUntil makes the call wait up to this long for the job to end (sent as block_until_ms).
 	BlockUntil time.Duration `json:"-"`
 }
@@ -81,6 +90,14 @@ func (r StartRequest) MarshalJSON() ([]byte, error) {
 		plain
 		BlockUntilMS int64 `json:"block_until_ms,omitempty"`
 	}{plain(r), r.BlockUntil.Milliseconds()})
+}
+
+// NotifyOnOutput is a start's notify_on_output: Pattern is RE2, matched per line; Reason (default:
+// the pattern) is quoted in the notifications; DebounceMS (default and minimum 5000) groups matches.
+type NotifyOnOutput struct {
+	Pattern    string `json:"pattern"`
+	Reason     string `json:"reason,omitempty"`
+	DebounceMS int64  `json:"debounce_ms,omitempty"`
 }
 
 // StartReply is the reply to a start. Output is the output so far (all of it when the job ended in

@@ -25,6 +25,9 @@ type startBody struct {
 	Session      string            `json:"session"`
 	Limits       limitsView        `json:"limits"`
 	BlockUntilMS int64             `json:"block_until_ms"`
+	NotifyOnOut  *notifyView       `json:"notify_on_output"`
+	Monitor      bool              `json:"monitor"`
+	Persistent   bool              `json:"persistent"`
 }
 
 // startReply is the reply to POST /v1/jobs. Output is the output's bytes (its last
@@ -50,7 +53,20 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	if b.Session == "" {
 		b.Session = r.Header.Get("Sbx-Session")
 	}
+	var notify *coordinator.OutputNotify
+	if n := b.NotifyOnOut; n != nil {
+		// Checked here as well as in the domain: a huge value would overflow time.Duration.
+		if n.DebounceMS < 0 {
+			s.writeError(w, r, invalid("notify_on_output.debounce_ms must not be negative."))
+			return
+		}
+		notify = &coordinator.OutputNotify{Pattern: n.Pattern, Reason: n.Reason, DebounceMS: n.DebounceMS}
+	}
+	if b.Session != "" {
+		s.svc.TouchSession(b.Session)
+	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
+		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
 		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{

@@ -129,11 +129,22 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/jobs/{id}/wait", s.handleWait)
 	mux.HandleFunc("GET /v1/jobs/{id}/output", s.handleOutput)
 	mux.HandleFunc("POST /v1/jobs/{id}/kill", s.handleKill)
+	mux.HandleFunc("GET /v1/notifications", s.handleNotifications)
+	mux.HandleFunc("GET /v1/notifications/stream", s.handleStream)
+	mux.HandleFunc("POST /v1/notifications/ack", s.handleAck)
+	mux.HandleFunc("POST /v1/sessions", s.handleOpenSession)
+	mux.HandleFunc("GET /v1/sessions/{id}", s.handleSession)
+	mux.HandleFunc("POST /v1/sessions/{id}/renew", s.handleRenew)
+	mux.HandleFunc("DELETE /v1/sessions/{id}", s.handleEndSession)
 	mux.HandleFunc("GET /v1/runners", s.handleRunners)
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Any call carrying a session renews its lease.
+		if id := r.Header.Get("Sbx-Session"); id != "" {
+			s.svc.TouchSession(id)
+		}
 		if _, pattern := mux.Handler(r); pattern == "" {
 			s.notFound(mux, w, r)
 			return

@@ -31,6 +31,17 @@ type jobView struct {
 	Limits      limitsView `json:"limits"`
 	Usage       *usageView `json:"usage"`
 	Error       string     `json:"error,omitempty"`
+	// NotifyOnOutput, Monitor and Persistent extend API.md's job object: what the start asked for.
+	NotifyOnOutput *notifyView `json:"notify_on_output"`
+	Monitor        bool        `json:"monitor"`
+	Persistent     bool        `json:"persistent"`
+}
+
+// notifyView is notify_on_output, in a start's body and in the job object.
+type notifyView struct {
+	Pattern    string `json:"pattern"`
+	Reason     string `json:"reason"`
+	DebounceMS int64  `json:"debounce_ms"`
 }
 
 // limitsView shows every limit, 0 meaning the runner's default, unlike proto.Limits which omits
@@ -80,7 +91,51 @@ func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	if j.Usage != nil {
 		v.Usage = &usageView{CPUMS: j.Usage.CPUMS, MemoryPeakBytes: j.Usage.MemoryPeakBytes}
 	}
+	if n := j.Notify; n != nil {
+		v.NotifyOnOutput = &notifyView{Pattern: n.Pattern, Reason: n.Reason, DebounceMS: n.DebounceMS}
+	}
+	v.Monitor, v.Persistent = j.Monitor, j.Persistent
 	return v
+}
+
+// notificationView is the API's notification object (API.md "Notification object").
+type notificationView struct {
+	Seq        uint64    `json:"seq"`
+	ID         string    `json:"id"`
+	Session    string    `json:"session"`
+	Kind       string    `json:"kind"`
+	Status     string    `json:"status"`
+	JobID      string    `json:"job_id"`
+	Title      string    `json:"title"`
+	Detail     string    `json:"detail"`
+	OutputPath string    `json:"output_path"`
+	CreatedAt  time.Time `json:"created_at"`
+	Text       string    `json:"text"`
+}
+
+func viewNotification(n *coordinator.Notification) *notificationView {
+	return &notificationView{
+		Seq: n.Seq, ID: n.ID, Session: n.Session, Kind: string(n.Kind), Status: n.Status, JobID: n.JobID,
+		Title: n.Title, Detail: n.Detail, OutputPath: n.OutputPath, CreatedAt: n.CreatedAt.UTC(), Text: n.Text,
+	}
+}
+
+// sessionView is the API's session object.
+type sessionView struct {
+	ID        string     `json:"id"`
+	CreatedAt time.Time  `json:"created_at"`
+	LeaseMS   int64      `json:"lease_ms"`
+	ExpiresAt *time.Time `json:"expires_at"`
+	EndedAt   *time.Time `json:"ended_at"`
+	Acked     uint64     `json:"acked"`
+	LastSeq   uint64     `json:"last_seq"`
+}
+
+func viewSession(s *coordinator.Session) *sessionView {
+	return &sessionView{
+		ID: s.ID, CreatedAt: s.CreatedAt.UTC(), LeaseMS: s.LeaseMS, ExpiresAt: utc(s.ExpiresAt),
+		EndedAt: utc(s.EndedAt), Acked: s.Acked, LastSeq: s.LastSeq,
+	}
 }
 
 // runnerView is one element of GET /v1/runners.

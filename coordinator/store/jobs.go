@@ -1,4 +1,4 @@
-// Package store is the coordinator's persistent store: jobs in a bbolt database and each job's output
+// Package store is the coordinator's persistent store: jobs, notifications and sessions in a bbolt database and each job's output
 // in its terminal file. Why bbolt: see docs/store.md.
 package store
 
@@ -30,7 +30,7 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{bucketJobs, bucketUnfinished} {
+		for _, b := range [][]byte{bucketJobs, bucketUnfinished, bucketNotifications, bucketNotificationIDs, bucketSessions} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

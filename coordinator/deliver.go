@@ -1,0 +1,92 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"time"
+)
+
+// addNotesLocked stores notes about l's job and wakes the readers of notifications. s.mu is held.
+//
+// A finished notification's id is the job's id and "-finished": stored again (an exit event applied
+// again after a crash), it is recognised and not repeated. The other kinds come from output that is
+// matched once per life of the coordinator, and get a random id.
+func (s *Service) addNotesLocked(ctx context.Context, l *liveJob, notes []note) error {
+	if len(notes) == 0 {
+		return nil
+	}
+	j := l.job
+	now := s.cfg.Now()
+	all := make([]*Notification, 0, len(notes))
+	for _, n := range notes {
+		id := j.ID + "-finished"
+		if n.kind != KindFinished {
+			id = j.ID + "-" + string(n.kind) + "-" + rand.Text()[:10]
+		}
+		nn := &Notification{
+			ID: id, Session: j.Session, Kind: n.kind, Status: n.status, JobID: j.ID, Title: j.Title,
+			Detail: n.detail, OutputPath: j.OutputPath, CreatedAt: now,
+		}
+		nn.Text = Render(nn)
+		all = append(all, nn)
+	}
+	if err := s.jobs.AddNotifications(ctx, all); err != nil {
+		return err
+	}
+	st, ok := s.sessions[j.Session]
+	if !ok {
+		st = &Session{ID: j.Session, CreatedAt: now}
+	} else {
+		st = st.copy()
+	}
+	for _, n := range all {
+		st.LastSeq = max(st.LastSeq, n.Seq)
+	}
+	s.sessions[j.Session] = st
+	close(s.notesChanged)
+	s.notesChanged = make(chan struct{})
+	return nil
+}
+
+// stallReadBytes is how much of the output's end is read to look for a prompt.
+const stallReadBytes = 8 << 10
+
+// checkNotes closes the debounce windows whose time has come and notifies stalls.
+func (s *Service) checkNotes(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	for _, l := range s.live {
+		if l.quiet {
+			continue
+		}
+		if l.watch != nil {
+			l.watch.tick(now)
+			if err := s.addNotesLocked(ctx, l, l.watch.take()); err != nil {
+				s.cfg.Logger.Error("store output notification", "job", l.job.ID, "err", err)
+			}
+		}
+		if l.job.Status != StatusRunning || l.stallChecked || l.size == 0 || now.Sub(l.lastGrowth) < s.cfg.StallAfter {
+			continue
+		}
+		l.stallChecked = true
+		off := max(0, l.size-stallReadBytes)
+		rc, err := s.out.Open(l.job.ID, off, l.size-off)
+		if err != nil {
+			s.cfg.Logger.Warn("read output tail", "job", l.job.ID, "err", err)
+			continue
+		}
+		tail, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			s.cfg.Logger.Warn("read output tail", "job", l.job.ID, "err", err)
+			continue
+		}
+		if n, ok := stallNote(tail, now.Sub(l.lastGrowth).Truncate(time.Second)); ok {
+			if err := s.addNotesLocked(ctx, l, []note{n}); err != nil {
+				s.cfg.Logger.Error("store stall notification", "job", l.job.ID, "err", err)
+			}
+		}
+	}
+}

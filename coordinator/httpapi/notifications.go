@@ -1,0 +1,229 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator"
+)
+
+// streamKeepAlive is how often an idle notification stream sends a comment, so that proxies and
+// clients see the connection alive.
+const streamKeepAlive = 15 * time.Second
+
+// session is the request's session: the query's or body's, else the Sbx-Session header, else default.
+func session(r *http.Request, given string) string {
+	if given != "" {
+		return given
+	}
+	if h := r.Header.Get("Sbx-Session"); h != "" {
+		return h
+	}
+	return coordinator.DefaultSession
+}
+
+// queryAfter parses the optional after parameter; nil when absent (the session's cursor).
+func queryAfter(r *http.Request) (*uint64, error) {
+	s := r.URL.Query().Get("after")
+	if s == "" {
+		return nil, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return nil, invalid("after %q is not a non-negative integer.", s)
+	}
+	return &n, nil
+}
+
+type notificationsReply struct {
+	Notifications []*notificationView `json:"notifications"`
+	Next          uint64              `json:"next"`
+}
+
+// handleNotifications is the long-poll: the session's notifications after `after` (default: its
+// acked cursor), waiting up to wait_ms for one.
+func (s *Server) handleNotifications(w http.ResponseWriter, r *http.Request) {
+	after, err := queryAfter(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	wait, err := queryInt(r, "wait_ms", 0, 0, coordinator.MaxNotificationWait.Milliseconds())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	limit, err := queryInt(r, "limit", 0, 1, coordinator.MaxNotificationPage)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id := session(r, r.URL.Query().Get("session"))
+	s.svc.TouchSession(id)
+	notes, next, err := s.svc.Notifications(r.Context(), coordinator.NotificationQuery{
+		Session: id, After: after, Wait: time.Duration(wait) * time.Millisecond, Limit: int(limit),
+	})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	reply := notificationsReply{Notifications: make([]*notificationView, 0, len(notes)), Next: next}
+	for _, n := range notes {
+		reply.Notifications = append(reply.Notifications, viewNotification(n))
+	}
+	writeJSON(w, http.StatusOK, reply)
+}
+
+// handleStream sends the session's notifications as Server-Sent Events (id: seq, data: the JSON
+// object) from Last-Event-ID, or the after parameter, or the acked cursor, until the client leaves.
+// Reading is not acking: the client acks what it handled.
+func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
+	after, err := queryAfter(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if last := r.Header.Get("Last-Event-ID"); last != "" {
+		n, err := strconv.ParseUint(last, 10, 64)
+		if err != nil {
+			s.writeError(w, r, invalid("Last-Event-ID %q is not a notification's seq.", last))
+			return
+		}
+		after = &n
+	}
+	id := session(r, r.URL.Query().Get("session"))
+	ctx := r.Context()
+	// The first read checks the query before the reply starts.
+	notes, next, err := s.svc.Notifications(ctx, coordinator.NotificationQuery{Session: id, After: after})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	ctl := http.NewResponseController(w)
+	for {
+		for _, n := range notes {
+			data, _ := json.Marshal(viewNotification(n))
+			if _, err := w.Write([]byte("id: " + strconv.FormatUint(n.Seq, 10) + "\nevent: notification\ndata: " + string(data) + "\n\n")); err != nil {
+				return
+			}
+		}
+		if len(notes) == 0 {
+			if _, err := w.Write([]byte(": keep-alive\n\n")); err != nil {
+				return
+			}
+		}
+		if ctl.Flush() != nil {
+			return
+		}
+		s.svc.TouchSession(id)
+		notes, next, err = s.svc.Notifications(ctx, coordinator.NotificationQuery{Session: id, After: &next, Wait: streamKeepAlive})
+		if err != nil {
+			// The client left or the server is closing; anything else ends the stream too, and the
+			// client resumes from its Last-Event-ID.
+			if ctx.Err() == nil {
+				s.log.Warn("notification stream", "session", id, "err", err)
+			}
+			return
+		}
+	}
+}
+
+type ackBody struct {
+	Session string `json:"session"`
+	Seq     uint64 `json:"seq"`
+}
+
+type sessionReply struct {
+	Session *sessionView `json:"session"`
+}
+
+// handleAck moves the session's cursor: every notification up to seq was delivered.
+func (s *Server) handleAck(w http.ResponseWriter, r *http.Request) {
+	var b ackBody
+	if err := decodeBody(w, r, &b, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id := session(r, b.Session)
+	s.svc.TouchSession(id)
+	st, err := s.svc.Ack(r.Context(), id, b.Seq)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sessionReply{viewSession(st)})
+}
+
+type openSessionBody struct {
+	ID      string `json:"id"`
+	LeaseMS int64  `json:"lease_ms"`
+}
+
+// handleOpenSession creates a session, or reopens or updates one, with an optional lease.
+func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
+	var b openSessionBody
+	if err := decodeBody(w, r, &b, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if b.ID == "" {
+		s.writeError(w, r, invalid("id is required: name the session."))
+		return
+	}
+	if maxMS := coordinator.MaxLease.Milliseconds(); b.LeaseMS < 0 || b.LeaseMS > maxMS {
+		s.writeError(w, r, invalid("lease_ms must be 0 (no lease) or between %d and %d.", coordinator.MinLease.Milliseconds(), maxMS))
+		return
+	}
+	st, err := s.svc.OpenSession(r.Context(), b.ID, time.Duration(b.LeaseMS)*time.Millisecond)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sessionReply{viewSession(st)})
+}
+
+func (s *Server) handleSession(w http.ResponseWriter, r *http.Request) {
+	st, err := s.svc.Session(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sessionReply{viewSession(st)})
+}
+
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
+	st, err := s.svc.RenewSession(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sessionReply{viewSession(st)})
+}
+
+type endSessionReply struct {
+	Session *sessionView `json:"session"`
+	Stopped []string     `json:"stopped"`
+}
+
+// handleEndSession ends a session: its queued and running jobs stop, with no notifications.
+func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	stopped, err := s.svc.EndSession(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	st, err := s.svc.Session(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, endSessionReply{Session: viewSession(st), Stopped: stopped})
+}

@@ -1,0 +1,253 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+type notification struct {
+	Seq        uint64    `json:"seq"`
+	ID         string    `json:"id"`
+	Session    string    `json:"session"`
+	Kind       string    `json:"kind"`
+	Status     string    `json:"status"`
+	JobID      string    `json:"job_id"`
+	Title      string    `json:"title"`
+	Detail     string    `json:"detail"`
+	OutputPath string    `json:"output_path"`
+	CreatedAt  time.Time `json:"created_at"`
+	Text       string    `json:"text"`
+}
+
+type notificationsReply struct {
+	Notifications []notification `json:"notifications"`
+	Next          uint64         `json:"next"`
+}
+
+func (h *harness) notifications(query string) notificationsReply {
+	h.t.Helper()
+	r := h.get("/v1/notifications" + query)
+	if r.status != http.StatusOK {
+		h.t.Fatalf("notifications: %d %s", r.status, r.body)
+	}
+	var n notificationsReply
+	r.decode(h.t, &n)
+	return n
+}
+
+// TestNotifications: a backgrounded job's end is one notification with its text; ack moves the
+// cursor; a job that ended within block_until_ms sends none.
+func TestNotifications(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.finishWith("boom\n", 1)
+	s := h.start(map[string]any{"command": "false", "title": "unit tests"})
+	h.start(map[string]any{"command": "false", "block_until_ms": 5000})
+	n := h.notifications("")
+	if len(n.Notifications) != 1 || n.Next != 1 {
+		t.Fatalf("notifications %+v", n)
+	}
+	got := n.Notifications[0]
+	if got.Seq != 1 || got.Session != "default" || got.Kind != "finished" || got.Status != "error" ||
+		got.JobID != s.Job.ID || got.Detail != "exit_code=1" || got.Title != "unit tests" || got.OutputPath == "" {
+		t.Fatalf("notification %+v", got)
+	}
+	if !strings.Contains(got.Text, "status: error\ntask_id: "+s.Job.ID+"\ntitle: unit tests\ntool_call_id: "+s.Job.ID+"\ndetail: exit_code=1\noutput_path: ") {
+		t.Fatalf("text:\n%s", got.Text)
+	}
+	if r := h.post("/v1/notifications/ack", map[string]any{"session": "default", "seq": 1}); r.status != http.StatusOK {
+		t.Fatalf("ack: %d %s", r.status, r.body)
+	}
+	if n := h.notifications("?session=default"); len(n.Notifications) != 0 || n.Next != 1 {
+		t.Fatalf("after the ack: %+v", n)
+	}
+	if n := h.notifications("?after=0"); len(n.Notifications) != 1 {
+		t.Fatalf("after=0: %+v", n)
+	}
+}
+
+// TestLongPoll: a long-poll returns as soon as a notification is stored.
+func TestLongPoll(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.startOnly()
+	s := h.start(map[string]any{"command": "sleep 1", "session": "s1"})
+	got := make(chan notificationsReply, 1)
+	go func() {
+		r := h.get("/v1/notifications?session=s1&wait_ms=10000")
+		var n notificationsReply
+		json.Unmarshal(r.body, &n)
+		got <- n
+	}()
+	time.Sleep(30 * time.Millisecond)
+	t0 := time.Now()
+	h.exit(s.Job.ID, 0, 0)
+	select {
+	case n := <-got:
+		if len(n.Notifications) != 1 || n.Notifications[0].Status != "success" {
+			t.Fatalf("long-poll: %+v", n)
+		}
+		if d := time.Since(t0); d > time.Second {
+			t.Fatalf("long-poll answered after %s", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the long-poll did not return")
+	}
+}
+
+// TestStream: notifications as Server-Sent Events, resumed from Last-Event-ID.
+func TestStream(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.finishWith("", 0)
+	var ids []string
+	for range 3 {
+		ids = append(ids, h.start(map[string]any{"command": "true"}).Job.ID)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", h.url+"/v1/notifications/stream?session=default", nil)
+	req.Header.Set("Last-Event-ID", "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("stream: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	events := make(chan [2]string)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		var id string
+		for sc.Scan() {
+			line := sc.Text()
+			if v, ok := strings.CutPrefix(line, "id: "); ok {
+				id = v
+			}
+			if v, ok := strings.CutPrefix(line, "data: "); ok {
+				events <- [2]string{id, v}
+			}
+		}
+		close(events)
+	}()
+	next := func() (string, notification) {
+		t.Helper()
+		select {
+		case ev := <-events:
+			var n notification
+			if err := json.Unmarshal([]byte(ev[1]), &n); err != nil {
+				t.Fatal(err)
+			}
+			return ev[0], n
+		case <-time.After(5 * time.Second):
+			t.Fatal("no event")
+		}
+		return "", notification{}
+	}
+	for i, want := range []string{ids[1], ids[2]} {
+		if id, n := next(); id != []string{"2", "3"}[i] || n.JobID != want {
+			t.Fatalf("event %d: id %s %+v", i, id, n)
+		}
+	}
+	ids = append(ids, h.start(map[string]any{"command": "true"}).Job.ID)
+	if id, n := next(); id != "4" || n.JobID != ids[3] {
+		t.Fatalf("live event: id %s %+v", id, n)
+	}
+}
+
+// TestEndSession: ending a session stops its jobs as session_ended, without notifications.
+func TestEndSession(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.startOnly()
+	h.disp.setControl(func(c *proto.Control) {
+		if c.Op == proto.OpKill {
+			go h.killed(c.JobID)
+		}
+	})
+	s := h.start(map[string]any{"command": "sleep 100"}, "Sbx-Session", "agent-1")
+	r := h.do("DELETE", "/v1/sessions/agent-1", nil)
+	if r.status != http.StatusOK {
+		t.Fatalf("end: %d %s", r.status, r.body)
+	}
+	var end struct {
+		Session struct {
+			ID      string     `json:"id"`
+			EndedAt *time.Time `json:"ended_at"`
+		} `json:"session"`
+		Stopped []string `json:"stopped"`
+	}
+	r.decode(t, &end)
+	if end.Session.ID != "agent-1" || end.Session.EndedAt == nil || len(end.Stopped) != 1 || end.Stopped[0] != s.Job.ID {
+		t.Fatalf("end: %s", r.body)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	var j job
+	for time.Now().Before(deadline) {
+		h.get("/v1/jobs/"+s.Job.ID).decode(t, &j)
+		if j.Status == "aborted" {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if j.Status != "aborted" || j.Reason != "session_ended" {
+		t.Fatalf("job %+v", j)
+	}
+	if n := h.notifications("?session=agent-1&after=0"); len(n.Notifications) != 0 {
+		t.Fatalf("notified: %+v", n)
+	}
+}
+
+// TestLeaseAPI: a session opened with a lease ends when not renewed; renew moves expires_at.
+func TestLeaseAPI(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	r := h.post("/v1/sessions", map[string]any{"id": "sub", "lease_ms": 300})
+	if r.status != http.StatusOK {
+		t.Fatalf("open: %d %s", r.status, r.body)
+	}
+	if r := h.post("/v1/sessions/sub/renew", nil); r.status != http.StatusOK {
+		t.Fatalf("renew: %d %s", r.status, r.body)
+	}
+	// Nothing runs Service.Run in this harness: end it the way an expired lease does.
+	if r := h.do("DELETE", "/v1/sessions/sub", nil); r.status != http.StatusOK {
+		t.Fatalf("end: %d %s", r.status, r.body)
+	}
+	h.post("/v1/sessions/sub/renew", nil).wantError(t, http.StatusConflict, "conflict", `"sub" has ended`)
+	h.post("/v1/sessions/nope/renew", nil).wantError(t, http.StatusNotFound, "not_found", `"nope"`)
+	h.do("DELETE", "/v1/sessions/nope", nil).wantError(t, http.StatusNotFound, "not_found", `"nope"`)
+}
+
+// TestNotificationsInvalid: bad input is a 4xx naming the field.
+func TestNotificationsInvalid(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.finishWith("", 0)
+	h.start(map[string]any{"command": "true"})
+	tests := []struct {
+		name   string
+		r      *reply
+		status int
+		code   string
+		want   string
+	}{
+		{"bad regex", h.post("/v1/jobs", map[string]any{"command": "x", "cwd": h.cwd, "notify_on_output": map[string]any{"pattern": "(x"}}), 400, "invalid", "notify_on_output.pattern"},
+		{"long pattern", h.post("/v1/jobs", map[string]any{"command": "x", "cwd": h.cwd, "notify_on_output": map[string]any{"pattern": strings.Repeat("x", 501)}}), 400, "invalid", "notify_on_output.pattern"},
+		{"long reason", h.post("/v1/jobs", map[string]any{"command": "x", "cwd": h.cwd, "notify_on_output": map[string]any{"pattern": "x", "reason": strings.Repeat("x", 501)}}), 400, "invalid", "notify_on_output.reason"},
+		{"negative debounce", h.post("/v1/jobs", map[string]any{"command": "x", "cwd": h.cwd, "notify_on_output": map[string]any{"pattern": "x", "debounce_ms": -5}}), 400, "invalid", "notify_on_output.debounce_ms"},
+		{"short debounce", h.post("/v1/jobs", map[string]any{"command": "x", "cwd": h.cwd, "notify_on_output": map[string]any{"pattern": "x", "debounce_ms": 100}}), 400, "invalid", "notify_on_output.debounce_ms"},
+		{"ack unknown session", h.post("/v1/notifications/ack", map[string]any{"session": "ghost", "seq": 1}), 404, "not_found", `"ghost"`},
+		{"ack beyond", h.post("/v1/notifications/ack", map[string]any{"session": "default", "seq": 9}), 400, "invalid", "seq 9"},
+		{"after in the future", h.get("/v1/notifications?after=7"), 400, "invalid", "after 7"},
+		{"after not a number", h.get("/v1/notifications?after=-1"), 400, "invalid", "after"},
+		{"wait_ms too long", h.get("/v1/notifications?wait_ms=300001"), 400, "invalid", "wait_ms"},
+		{"bad session", h.get("/v1/notifications?session=a.b"), 400, "invalid", "session"},
+		{"bad Last-Event-ID", h.get("/v1/notifications/stream", "Last-Event-ID", "x"), 400, "invalid", "Last-Event-ID"},
+		{"lease negative", h.post("/v1/sessions", map[string]any{"id": "s", "lease_ms": -1}), 400, "invalid", "lease_ms"},
+		{"session without id", h.post("/v1/sessions", map[string]any{"lease_ms": 1000}), 400, "invalid", "id"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.r.wantError(t, tt.status, tt.code, tt.want) })
+	}
+}

@@ -1,0 +1,297 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Bounds of sessions and notification reads.
+const (
+	MinLease = 100 * time.Millisecond
+	MaxLease = 7 * 24 * time.Hour
+	// MaxNotificationWait bounds a long-poll for notifications.
+	MaxNotificationWait = 5 * time.Minute
+	// MaxNotificationPage is the most notifications one read returns.
+	MaxNotificationPage = 1000
+)
+
+// DefaultSession is the session of a job that names none.
+const DefaultSession = "default"
+
+// Session groups an agent's jobs and notifications. Acked is the delivery cursor: every notification
+// up to it was delivered. A session with a lease ends when nobody renews it before ExpiresAt.
+type Session struct {
+	ID        string     `json:"id"`
+	CreatedAt time.Time  `json:"created_at"`
+	LeaseMS   int64      `json:"lease_ms,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	Acked     uint64     `json:"acked"`
+	// LastSeq is the seq of the session's last notification; it is kept with the notifications.
+	LastSeq uint64 `json:"-"`
+}
+
+func (s *Session) copy() *Session {
+	c := *s
+	return &c
+}
+
+func validSession(id string) error {
+	if !proto.ValidToken(id) {
+		return Errorf(EINVALID, "session %q must be 1-64 characters of letters, digits, '_' and '-'.", id)
+	}
+	return nil
+}
+
+// sessionLocked returns the session id, creating (and storing) it when new and reopening it when it
+// had ended. s.mu is held.
+func (s *Service) sessionLocked(ctx context.Context, id string) (*Session, error) {
+	st, ok := s.sessions[id]
+	if ok && st.EndedAt == nil {
+		return st, nil
+	}
+	if !ok {
+		st = &Session{ID: id, CreatedAt: s.cfg.Now()}
+	} else {
+		st = st.copy()
+		st.EndedAt = nil
+	}
+	if err := s.jobs.PutSession(ctx, st); err != nil {
+		return nil, err
+	}
+	s.sessions[id] = st
+	return st, nil
+}
+
+// OpenSession creates a session, or reopens or updates one, with a lease (0: none). A session with a
+// lease ends when it is not renewed within the lease.
+func (s *Service) OpenSession(ctx context.Context, id string, lease time.Duration) (*Session, error) {
+	if err := validSession(id); err != nil {
+		return nil, err
+	}
+	if lease != 0 && (lease < MinLease || lease > MaxLease) {
+		return nil, Errorf(EINVALID, "lease_ms must be 0 (no lease) or between %d and %d.", MinLease.Milliseconds(), MaxLease.Milliseconds())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := s.sessionLocked(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	st = st.copy()
+	st.LeaseMS = lease.Milliseconds()
+	st.ExpiresAt = nil
+	if lease > 0 {
+		at := s.cfg.Now().Add(lease)
+		st.ExpiresAt = &at
+	}
+	if err := s.jobs.PutSession(ctx, st); err != nil {
+		return nil, err
+	}
+	s.sessions[id] = st
+	return st.copy(), nil
+}
+
+// Session returns a session.
+func (s *Service) Session(_ context.Context, id string) (*Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.sessions[id]
+	if !ok {
+		return nil, Errorf(ENOTFOUND, "Session %q does not exist.", id)
+	}
+	return st.copy(), nil
+}
+
+// RenewSession extends a session's lease by its length from now.
+func (s *Service) RenewSession(ctx context.Context, id string) (*Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.sessions[id]
+	if !ok {
+		return nil, Errorf(ENOTFOUND, "Session %q does not exist.", id)
+	}
+	if st.EndedAt != nil {
+		return nil, Errorf(ECONFLICT, "Session %q has ended.", id)
+	}
+	if st.LeaseMS > 0 {
+		st = st.copy()
+		at := s.cfg.Now().Add(time.Duration(st.LeaseMS) * time.Millisecond)
+		st.ExpiresAt = &at
+		if err := s.jobs.PutSession(ctx, st); err != nil {
+			return nil, err
+		}
+		s.sessions[id] = st
+	}
+	return st.copy(), nil
+}
+
+// TouchSession renews the lease of a session a call carried, if it has one. The renewal is kept in
+// memory; after a restart a lease runs at least its length again.
+func (s *Service) TouchSession(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st, ok := s.sessions[id]; ok && st.EndedAt == nil && st.LeaseMS > 0 {
+		at := s.cfg.Now().Add(time.Duration(st.LeaseMS) * time.Millisecond)
+		st.ExpiresAt = &at
+	}
+}
+
+// EndSession ends a session: its queued jobs are withdrawn and its running jobs stopped, all ending
+// aborted with reason session_ended and sending no notification. It returns the ids of those jobs.
+func (s *Service) EndSession(ctx context.Context, id string) ([]string, error) {
+	s.mu.Lock()
+	st, ok := s.sessions[id]
+	if !ok {
+		s.mu.Unlock()
+		return nil, Errorf(ENOTFOUND, "Session %q does not exist.", id)
+	}
+	st = st.copy()
+	now := s.cfg.Now()
+	st.EndedAt, st.ExpiresAt = &now, nil
+	if err := s.jobs.PutSession(ctx, st); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	s.sessions[id] = st
+	ids := []string{}
+	for jid, l := range s.live {
+		if l.job.Session == id {
+			l.sessionEnded, l.quiet = true, true
+			ids = append(ids, jid)
+		}
+	}
+	s.mu.Unlock()
+
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, jid := range ids {
+		wg.Go(func() {
+			err := s.Kill(ctx, jid, "")
+			if err != nil && ErrorCode(err) != ECONFLICT {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return ids, errors.Join(errs...)
+}
+
+// endExpired ends the sessions whose lease ran out.
+func (s *Service) endExpired(ctx context.Context) {
+	s.mu.Lock()
+	now := s.cfg.Now()
+	var expired []string
+	for id, st := range s.sessions {
+		if st.EndedAt == nil && st.ExpiresAt != nil && !now.Before(*st.ExpiresAt) {
+			expired = append(expired, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range expired {
+		s.cfg.Logger.Info("session lease expired", "session", id)
+		if _, err := s.EndSession(ctx, id); err != nil {
+			s.cfg.Logger.Warn("end expired session", "session", id, "err", err)
+		}
+	}
+}
+
+// Ack records that the session's notifications up to seq were delivered. The cursor never moves
+// back; a seq beyond the last notification is an error.
+func (s *Service) Ack(ctx context.Context, id string, seq uint64) (*Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.sessions[id]
+	if !ok {
+		return nil, Errorf(ENOTFOUND, "Session %q does not exist.", id)
+	}
+	if seq > st.LastSeq {
+		return nil, Errorf(EINVALID, "seq %d is beyond the last notification of session %q (%d).", seq, id, st.LastSeq)
+	}
+	if seq > st.Acked {
+		st = st.copy()
+		st.Acked = seq
+		if err := s.jobs.PutSession(ctx, st); err != nil {
+			return nil, err
+		}
+		s.sessions[id] = st
+	}
+	return st.copy(), nil
+}
+
+// NotificationQuery selects a session's notifications.
+type NotificationQuery struct {
+	Session string
+	// After selects seq > *After; nil means the session's acked cursor.
+	After *uint64
+	// Wait is how long to wait for one when there is none yet (0: answer at once).
+	Wait  time.Duration
+	Limit int
+}
+
+// Notifications returns the session's notifications after the cursor, waiting up to q.Wait for the
+// first one, and the cursor to ask from next (the last seq returned, or the cursor itself).
+func (s *Service) Notifications(ctx context.Context, q NotificationQuery) ([]*Notification, uint64, error) {
+	if err := validSession(q.Session); err != nil {
+		return nil, 0, err
+	}
+	if q.Wait < 0 || q.Wait > MaxNotificationWait {
+		return nil, 0, Errorf(EINVALID, "wait_ms must be between 0 and %d.", MaxNotificationWait.Milliseconds())
+	}
+	if q.Limit < 0 || q.Limit > MaxNotificationPage {
+		return nil, 0, Errorf(EINVALID, "limit must be between 1 and %d.", MaxNotificationPage)
+	}
+	if q.Limit == 0 {
+		q.Limit = MaxNotificationPage
+	}
+	var timeout <-chan time.Time
+	if q.Wait > 0 {
+		t := time.NewTimer(q.Wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for {
+		s.mu.Lock()
+		var last, after uint64
+		if st, ok := s.sessions[q.Session]; ok {
+			last, after = st.LastSeq, st.Acked
+		}
+		if q.After != nil {
+			after = *q.After
+		}
+		changed := s.notesChanged
+		s.mu.Unlock()
+		if after > last {
+			return nil, 0, Errorf(EINVALID, "after %d is beyond the last notification of session %q (%d).", after, q.Session, last)
+		}
+		if last > after {
+			notes, err := s.jobs.Notifications(ctx, q.Session, after, q.Limit)
+			if err != nil {
+				return nil, 0, err
+			}
+			if len(notes) > 0 {
+				after = notes[len(notes)-1].Seq
+			}
+			return notes, after, nil
+		}
+		if timeout == nil {
+			return []*Notification{}, after, nil
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			return []*Notification{}, after, nil
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+	}
+}
