@@ -102,6 +102,9 @@ type Service struct {
 	// notesChanged is closed and replaced whenever a notification is stored.
 	notesChanged chan struct{}
 	stats        Stats
+
+	// strays are the kill requests sent to runners in the background (stopStray); Run waits for them.
+	strays sync.WaitGroup
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -586,7 +589,7 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 		// An ended or unknown job. A start after the end (killed while being taken, or lost and
 		// then found) must not leave a process running.
 		if e.Kind == proto.EventAccepted || e.Kind == proto.EventStarted {
-			go s.stopStray(e.Runner, e.JobID)
+			s.stopStray(e.Runner, e.JobID)
 		}
 		return nil
 	}
@@ -688,13 +691,18 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	return nil
 }
 
-// stopStray asks a runner to kill a job the coordinator already considers ended.
+// stopStray asks a runner, in the background, to kill a job the coordinator already considers ended
+// (or a monitor it stopped). Run waits for these requests when it returns.
 func (s *Service) stopStray(runner, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpKill, JobID: id}); err != nil {
-		s.cfg.Logger.Warn("stop stray job", "job", id, "runner", runner, "err", err)
-	}
+	s.strays.Add(1)
+	go func() {
+		defer s.strays.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpKill, JobID: id}); err != nil {
+			s.cfg.Logger.Warn("stop stray job", "job", id, "runner", runner, "err", err)
+		}
+	}()
 }
 
 // ErrNotReady is returned for an event that cannot be applied yet (output before the start, an exit
@@ -764,7 +772,7 @@ func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, 
 	}
 	if l.watch.monStopped && !l.watch.monKillAsked && l.job.Runner != "" {
 		l.watch.monKillAsked = true
-		go s.stopStray(l.job.Runner, l.job.ID)
+		s.stopStray(l.job.Runner, l.job.ID)
 	}
 	return nil
 }
@@ -772,6 +780,7 @@ func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, 
 // Run does the coordinator's periodic work until ctx ends: it rewrites running jobs' headers and
 // marks the jobs of silent runners lost.
 func (s *Service) Run(ctx context.Context) {
+	defer s.strays.Wait()
 	header := time.NewTicker(s.cfg.HeaderInterval)
 	defer header.Stop()
 	check := time.NewTicker(s.cfg.CheckInterval)
