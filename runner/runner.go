@@ -146,6 +146,7 @@ func (r *Runner) ID() string { return r.cfg.ID }
 // Run sweeps the cgroups of an earlier life, registers the control service, heartbeats and runs work
 // until ctx ends; then it kills its jobs, reports their ends and returns.
 func (r *Runner) Run(ctx context.Context) error {
+	defer r.mgr.Close() // its warm init steps; the jobs are over when Run returns
 	swept, err := r.mgr.Sweep()
 	if err != nil {
 		return fmt.Errorf("sweep cgroups: %w", err)

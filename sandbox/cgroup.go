@@ -54,6 +54,19 @@ func writeValue(path, value string) error {
 	return err
 }
 
+// readUint reads a control file holding one number.
+func readUint(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", path, err)
+	}
+	return n, nil
+}
+
 // readKey reads key's value from a flat-keyed control file ("key value" lines); a missing file or
 // key reads as 0.
 func readKey(path, key string) (uint64, error) {

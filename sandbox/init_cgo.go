@@ -31,27 +31,109 @@ static void sbx_init_fail(const char *what, const char *arg) {
 	_exit(1);
 }
 
-#ifdef __GLIBC__
-// glibc passes argc, argv and envp to constructors; elsewhere MaybeInit does the work in Go.
-__attribute__((constructor)) static void sbx_init(int argc, char **argv) {
-	if (argc < 3 || argv[0] == NULL || strcmp(argv[0], "sbx-init") != 0)
-		return;
-	char *end;
-	errno = EINVAL;
-	long n = strtol(argv[1], &end, 10);
-	if (*end != '\0' || n < 0 || n > argc - 3)
-		sbx_init_fail("init:", "malformed arguments");
+// sbx_join writes this process's pid into each of n cgroup.procs files.
+static void sbx_join(long n, char **procs) {
 	char pid[32];
 	int len = snprintf(pid, sizeof pid, "%d", (int)getpid());
 	for (long i = 0; i < n; i++) {
-		const char *procs = argv[2 + i];
-		int fd = open(procs, O_WRONLY | O_CLOEXEC);
+		int fd = open(procs[i], O_WRONLY | O_CLOEXEC);
 		if (fd < 0)
-			sbx_init_fail("join cgroup", procs);
+			sbx_init_fail("join cgroup", procs[i]);
 		if (write(fd, pid, len) != len)
-			sbx_init_fail("join cgroup", procs);
+			sbx_init_fail("join cgroup", procs[i]);
 		close(fd);
 	}
+}
+
+// sbx_count parses a count of arguments that must leave at least min more of avail.
+static long sbx_count(const char *s, long avail) {
+	char *end;
+	errno = EINVAL;
+	long n = strtol(s, &end, 10);
+	if (*end != '\0' || n < 0 || n > avail)
+		sbx_init_fail("init:", "malformed arguments");
+	return n;
+}
+
+// sbx_warm tells the runner it joined its cgroups (one '+' on the status pipe), waits for the job on
+// fd 4: NUL-terminated fields dir, path, argc, argv..., envc, env... (warmMessage), and runs the job
+// as the cold init step does.
+static void sbx_warm(void) {
+	if (write(3, "+", 1) != 1)
+		sbx_init_fail("init:", "status pipe");
+	size_t cap = 1 << 16, len = 0;
+	char *buf = malloc(cap);
+	if (buf == NULL)
+		sbx_init_fail("init:", "out of memory");
+	for (;;) {
+		if (len == cap) {
+			if (cap >= (8u << 20)) {
+				errno = E2BIG;
+				sbx_init_fail("init:", "job message");
+			}
+			cap *= 2;
+			buf = realloc(buf, cap);
+			if (buf == NULL)
+				sbx_init_fail("init:", "out of memory");
+		}
+		ssize_t r = read(4, buf + len, cap - len);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			sbx_init_fail("init:", "read job message");
+		if (r == 0)
+			break;
+		len += r;
+	}
+	close(4);
+	// Split into fields; the message ends with a NUL.
+	long nfields = 0;
+	for (size_t i = 0; i < len; i++)
+		if (buf[i] == '\0')
+			nfields++;
+	errno = EINVAL;
+	if (len == 0 || buf[len - 1] != '\0' || nfields < 4)
+		sbx_init_fail("init:", "malformed job message");
+	char **fields = calloc(nfields + 2, sizeof(char *));
+	if (fields == NULL)
+		sbx_init_fail("init:", "out of memory");
+	for (size_t i = 0, f = 0; i < len; f++) {
+		fields[f] = buf + i;
+		i += strlen(buf + i) + 1;
+	}
+	char *dir = fields[0], *path = fields[1];
+	long argc = sbx_count(fields[2], nfields - 4);
+	char **argv = fields + 3;
+	long envc = sbx_count(fields[3 + argc], nfields - 4 - argc);
+	char **envp = fields + 4 + argc;
+	if (4 + argc + envc != nfields)
+		sbx_init_fail("init:", "malformed job message");
+	// Both lists must end with NULL: argv's end is the envc field, parsed already, and envp's is the
+	// spare slot calloc left after the last field.
+	argv[argc] = NULL;
+	envp[envc] = NULL;
+	if (chdir(dir) < 0)
+		sbx_init_fail("chdir", dir);
+	if (fcntl(3, F_SETFD, FD_CLOEXEC) < 0)
+		sbx_init_fail("init:", "status pipe");
+	execve(path, argv, envp);
+	sbx_init_fail("exec", path);
+}
+
+#ifdef __GLIBC__
+// glibc passes argc, argv and envp to constructors; elsewhere MaybeInit does the work in Go.
+__attribute__((constructor)) static void sbx_init(int argc, char **argv) {
+	if (argc < 2 || argv[0] == NULL)
+		return;
+	if (strcmp(argv[0], "sbx-init-warm") == 0) {
+		long n = sbx_count(argv[1], argc - 2);
+		sbx_join(n, argv + 2);
+		sbx_warm();
+	}
+	if (argc < 3 || strcmp(argv[0], "sbx-init") != 0)
+		return;
+	long n = sbx_count(argv[1], argc - 3);
+	sbx_join(n, argv + 2);
 	if (fcntl(3, F_SETFD, FD_CLOEXEC) < 0)
 		sbx_init_fail("init:", "status pipe");
 	const char *path = argv[2 + n];
@@ -61,3 +143,6 @@ __attribute__((constructor)) static void sbx_init(int argc, char **argv) {
 #endif
 */
 import "C"
+
+// warmInit reports that this build can keep pre-joined init steps (see warm.go).
+const warmInit = true

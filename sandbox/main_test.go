@@ -32,7 +32,7 @@ const runnerEnv = "SBX_TEST_FAKE_RUNNER"
 // fakeRunner starts "sleep 1000" as job "orphan", prints its pid and sleeps; it never returns.
 func fakeRunner(cfg string) {
 	f := strings.Split(cfg, " ")
-	m, err := NewManager(Config{Version: f[0], Mountpoint: f[1], Root: f[2]})
+	m, err := NewManager(Config{Version: f[0], Mountpoint: f[1], Root: f[2], Warm: -1})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -88,6 +88,7 @@ func newTestManager(t testing.TB, cfg Config) (*Manager, Config) {
 		t.Fatalf("NewManager: %v", err)
 	}
 	t.Cleanup(func() {
+		m.Close()
 		if _, err := m.Sweep(); err != nil {
 			t.Errorf("cleanup sweep: %v", err)
 		}
@@ -176,4 +177,16 @@ func gone(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || strings.HasPrefix(s[i+1:], " Z")
+}
+
+// jobCgroups lists the cgroups under m's root other than its warm init steps'.
+func jobCgroups(m *Manager) ([]string, error) {
+	all, err := m.h.leftovers()
+	var jobs []string
+	for _, name := range all {
+		if !strings.HasPrefix(name, "warm-") {
+			jobs = append(jobs, name)
+		}
+	}
+	return jobs, err
 }

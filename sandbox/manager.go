@@ -8,6 +8,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -50,6 +51,9 @@ type Config struct {
 	// Bwrap is the bubblewrap binary for readonly jobs, a path or a name looked up in PATH when the
 	// first readonly job (or ProbeReadonly) needs it; default "bwrap".
 	Bwrap string
+	// Warm is how many init steps a v1 Manager keeps joined to spare cgroups, ready for the next jobs
+	// (warm.go); default 4, negative for none. v2 needs none.
+	Warm int
 }
 
 // Manager starts jobs in cgroups below one root it owns.
@@ -59,6 +63,7 @@ type Manager struct {
 	h       hierarchy
 	bwrap   string
 	ro      readonlyTools
+	warm    *warmPool // nil on v2, without cgo, or with Config.Warm < 0
 
 	// mu guards live, the ids of jobs this Manager is running, so that Sweep spares them.
 	mu   sync.Mutex
@@ -113,7 +118,14 @@ func NewManager(cfg Config) (*Manager, error) {
 		if mode == cgroups.Hybrid {
 			modeName = "hybrid"
 		}
-		m.h, err = newV1(cfg.Root, modeName)
+		var h *v1Hierarchy
+		h, err = newV1(cfg.Root, modeName)
+		if err == nil {
+			m.h = h
+			if warmInit && cfg.Warm >= 0 {
+				m.warm = newWarmPool(m, h, cmp.Or(cfg.Warm, defaultWarm))
+			}
+		}
 	case "v2":
 		m.h, err = newV2(cfg.Mountpoint, cfg.Root)
 	default:
@@ -206,6 +218,13 @@ func (m *Manager) Sweep() (int, error) {
 	return n, errors.Join(errs...)
 }
 
+// Close ends the Manager's warm init steps; jobs it started go on.
+func (m *Manager) Close() {
+	if m.warm != nil {
+		m.warm.close()
+	}
+}
+
 // Start creates the job's cgroup, applies spec.Resources and starts the command already inside it;
 // with spec.Readonly the command is bwrap running spec's program under the readonly filter.
 func (m *Manager) Start(spec Spec) (*Process, error) {
@@ -242,12 +261,24 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 		delete(m.live, spec.ID)
 		m.mu.Unlock()
 	}
+	if m.warm != nil && !spec.Readonly {
+		if w := m.warm.take(); w != nil {
+			p, err := w.claim(m.warm.h, spec, l, release)
+			m.warm.refill()
+			if !errors.Is(err, errWarmGone) {
+				if err != nil {
+					return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+				}
+				return p, nil
+			}
+		}
+	}
 	g, err := m.h.create(spec.ID, l)
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	p, err := start(g, spec, files, m.grace, release)
+	p, err := start(g, spec, files, m.grace, release, g.prepare)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}

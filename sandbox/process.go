@@ -43,6 +43,10 @@ type Process struct {
 	result Result
 	err    error
 
+	// release is called once the job is over (the Manager forgets its id). A warm init step's g and
+	// release change when a job claims it; both are read and written under mu.
+	release func()
+
 	mu      sync.Mutex
 	exited  bool           // the main process is reaped: its pid may be reused, never signal it
 	killing bool           // Kill has started escalate
@@ -53,8 +57,8 @@ type Process struct {
 }
 
 // start launches spec's command inside g with files as its descriptors from 3 on; release is called
-// once the job is over.
-func start(g group, spec Spec, files []*os.File, grace time.Duration, release func()) (*Process, error) {
+// once the job is over. prepare makes the command start inside g (g.prepare, or the warm pool's).
+func start(g group, spec Spec, files []*os.File, grace time.Duration, release func(), prepare func(*exec.Cmd) (func(error) error, error)) (*Process, error) {
 	fail := func(err error) (*Process, error) {
 		release()
 		return nil, errors.Join(err, g.remove())
@@ -88,15 +92,15 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 			Pdeathsig: syscall.SIGKILL,
 		},
 	}
-	started, err := g.prepare(cmd)
+	started, err := prepare(cmd)
 	if err != nil {
 		r.Close()
 		w.Close()
 		return fail(err)
 	}
-	p := &Process{g: g, grace: grace, out: &output{f: r}, done: make(chan struct{})}
+	p := &Process{g: g, grace: grace, out: &output{f: r}, done: make(chan struct{}), release: release}
 	startErr := make(chan error, 1)
-	go p.run(cmd, w, started, startErr, release)
+	go p.run(cmd, w, started, startErr)
 	if err := <-startErr; err != nil {
 		r.Close()
 		return fail(err)
@@ -106,7 +110,7 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 
 // run is the goroutine that owns the main process: it starts it on a locked thread, reports the
 // start on startErr, then waits for it and finishes the job.
-func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, startErr chan<- error, release func()) {
+func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, startErr chan<- error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	err := started(cmd.Start())
@@ -127,15 +131,16 @@ func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, star
 	werr := cmd.Wait()
 	p.mu.Lock()
 	p.exited = true
+	g, release := p.g, p.release
 	p.mu.Unlock()
-	p.result, p.err = p.finish(cmd.ProcessState, werr)
+	p.result, p.err = p.finish(g, cmd.ProcessState, werr)
 	release()
 	close(p.done)
 }
 
 // finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
 // when its shell ends), then the usage is read and the cgroup removed.
-func (p *Process) finish(state *os.ProcessState, werr error) (Result, error) {
+func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, error) {
 	var res Result
 	var errs []error
 	// An *exec.ExitError only says the job failed, which res reports.
@@ -152,17 +157,17 @@ func (p *Process) finish(state *os.ProcessState, werr error) (Result, error) {
 		}
 	}
 	p.killMu.Lock()
-	kerr := p.g.kill()
+	kerr := g.kill()
 	p.killMu.Unlock()
 	if kerr != nil {
 		errs = append(errs, fmt.Errorf("kill leftovers: %w", kerr))
 	}
-	u, err := p.g.usage()
+	u, err := g.usage()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("read usage: %w", err))
 	}
 	res.OOMKilled, res.CPU, res.MemoryPeak = u.oomKilled, u.cpu, u.memoryPeak
-	if err := p.g.remove(); err != nil {
+	if err := g.remove(); err != nil {
 		errs = append(errs, err)
 	}
 	return res, errors.Join(errs...)
@@ -233,12 +238,13 @@ func (p *Process) escalate() {
 	}
 	// ESRCH: the main process left its group (setsid); the cgroup kill below still reaches it.
 	_ = unix.Kill(-p.pid, unix.SIGKILL)
+	g := p.g
 	p.mu.Unlock()
 	p.killMu.Lock()
 	defer p.killMu.Unlock()
 	// An error here leaves processes that finish's own kill, after the main process dies, meets
 	// again and reports through Wait.
-	_ = p.g.kill()
+	_ = g.kill()
 }
 
 // Wait waits for the main process to exit, kills whatever is left in the cgroup, reads the usage and

@@ -284,7 +284,7 @@ func TestStartErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "/nonexistent/prog") {
 			t.Errorf("Start(missing program) = %v", err)
 		}
-		if left, err := m.h.leftovers(); err != nil || len(left) != 0 {
+		if left, err := jobCgroups(m); err != nil || len(left) != 0 {
 			t.Errorf("cgroups left after failed start: %v, %v", left, err)
 		}
 		if res, out := run(t, m, sh("missing", "echo again")); res.ExitCode != 0 || out != "again\n" {

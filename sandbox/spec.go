@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -59,6 +60,13 @@ func (s Spec) validate() (limits, error) {
 	}
 	if s.Dir != "" && !filepath.IsAbs(s.Dir) {
 		return limits{}, fmt.Errorf("%w: dir %q is not absolute", ErrInvalidSpec, s.Dir)
+	}
+	// No argument can hold a NUL: execve could not pass it, and the warm init's message separates
+	// fields with it.
+	for _, v := range append(append([]string{s.Path, s.Dir}, s.Args...), s.Env...) {
+		if strings.IndexByte(v, 0) >= 0 {
+			return limits{}, fmt.Errorf("%w: %q contains a NUL byte", ErrInvalidSpec, v)
+		}
 	}
 	return toLimits(s.Resources)
 }
