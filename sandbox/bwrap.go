@@ -68,18 +68,9 @@ func (t *readonlyTools) get(bwrap string) (*readonlyTools, error) {
 // wrap turns spec into bwrap running spec's program, and returns the file the program must find on
 // seccompFD; the caller closes it once the process has started.
 func (t *readonlyTools) wrap(spec Spec) (Spec, *os.File, error) {
-	f, err := memfd("sbx-seccomp")
+	f, err := t.program()
 	if err != nil {
-		return Spec{}, nil, fmt.Errorf("readonly: %w", err)
-	}
-	if _, err := f.Write(t.prog); err != nil {
-		f.Close()
-		return Spec{}, nil, fmt.Errorf("readonly: write seccomp program: %w", err)
-	}
-	// bwrap reads from the shared file offset.
-	if _, err := f.Seek(0, 0); err != nil {
-		f.Close()
-		return Spec{}, nil, fmt.Errorf("readonly: rewind seccomp program: %w", err)
+		return Spec{}, nil, err
 	}
 	argv := []string{spec.Path}
 	if len(spec.Args) > 1 {
@@ -91,6 +82,24 @@ func (t *readonlyTools) wrap(spec Spec) (Spec, *os.File, error) {
 	}
 	spec.Path, spec.Args, spec.Dir = t.bwrap, bwrapArgs(dir, seccompFD, argv), dir
 	return spec, f, nil
+}
+
+// program returns a new anonymous file holding the seccomp program, positioned at its start: bwrap
+// reads it from the shared file offset.
+func (t *readonlyTools) program() (*os.File, error) {
+	f, err := memfd("sbx-seccomp")
+	if err != nil {
+		return nil, fmt.Errorf("readonly: %w", err)
+	}
+	if _, err := f.Write(t.prog); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("readonly: write seccomp program: %w", err)
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("readonly: rewind seccomp program: %w", err)
+	}
+	return f, nil
 }
 
 // memfd is an anonymous close-on-exec file.

@@ -56,8 +56,9 @@ static long sbx_count(const char *s, long avail) {
 }
 
 // sbx_warm tells the runner it joined its cgroups (one '+' on the status pipe), waits for the job on
-// fd 4: NUL-terminated fields dir, path, argc, argv..., envc, env... (warmMessage), and runs the job
-// as the cold init step does.
+// fd 5: NUL-terminated fields seccomp, dir, path, argc, argv..., envc, env... (warmMessage), and runs
+// the job as the cold init step does. Descriptor 4 holds a readonly job's seccomp program; it is
+// closed unless the seccomp field is "1".
 static void sbx_warm(void) {
 	if (write(3, "+", 1) != 1)
 		sbx_init_fail("init:", "status pipe");
@@ -76,7 +77,7 @@ static void sbx_warm(void) {
 			if (buf == NULL)
 				sbx_init_fail("init:", "out of memory");
 		}
-		ssize_t r = read(4, buf + len, cap - len);
+		ssize_t r = read(5, buf + len, cap - len);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
@@ -85,14 +86,14 @@ static void sbx_warm(void) {
 			break;
 		len += r;
 	}
-	close(4);
+	close(5);
 	// Split into fields; the message ends with a NUL.
 	long nfields = 0;
 	for (size_t i = 0; i < len; i++)
 		if (buf[i] == '\0')
 			nfields++;
 	errno = EINVAL;
-	if (len == 0 || buf[len - 1] != '\0' || nfields < 4)
+	if (len == 0 || buf[len - 1] != '\0' || nfields < 5)
 		sbx_init_fail("init:", "malformed job message");
 	char **fields = calloc(nfields + 2, sizeof(char *));
 	if (fields == NULL)
@@ -101,13 +102,15 @@ static void sbx_warm(void) {
 		fields[f] = buf + i;
 		i += strlen(buf + i) + 1;
 	}
-	char *dir = fields[0], *path = fields[1];
-	long argc = sbx_count(fields[2], nfields - 4);
-	char **argv = fields + 3;
-	long envc = sbx_count(fields[3 + argc], nfields - 4 - argc);
-	char **envp = fields + 4 + argc;
-	if (4 + argc + envc != nfields)
+	char *seccomp = fields[0], *dir = fields[1], *path = fields[2];
+	long argc = sbx_count(fields[3], nfields - 5);
+	char **argv = fields + 4;
+	long envc = sbx_count(fields[4 + argc], nfields - 5 - argc);
+	char **envp = fields + 5 + argc;
+	if (5 + argc + envc != nfields)
 		sbx_init_fail("init:", "malformed job message");
+	if (strcmp(seccomp, "1") != 0)
+		close(4);
 	// Both lists must end with NULL: argv's end is the envc field, parsed already, and envp's is the
 	// spare slot calloc left after the last field.
 	argv[argc] = NULL;

@@ -234,7 +234,8 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 	}
 	// files are the descriptors from 3 on; nil leaves one closed.
 	var files []*os.File
-	if spec.Readonly {
+	readonly := spec.Readonly
+	if readonly {
 		ro, err := m.ro.get(m.bwrap)
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
@@ -261,15 +262,20 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 		delete(m.live, spec.ID)
 		m.mu.Unlock()
 	}
-	if m.warm != nil && !spec.Readonly {
+	if m.warm != nil {
 		if w := m.warm.take(); w != nil {
-			p, err := w.claim(m.warm.h, spec, l, release)
-			m.warm.refill()
-			if !errors.Is(err, errWarmGone) {
-				if err != nil {
-					return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+			if readonly && !w.seccomp {
+				w.discard()
+				m.warm.refill()
+			} else {
+				p, err := w.claim(m.warm.h, spec, readonly, l, release)
+				m.warm.refill()
+				if !errors.Is(err, errWarmGone) {
+					if err != nil {
+						return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+					}
+					return p, nil
 				}
-				return p, nil
 			}
 		}
 	}

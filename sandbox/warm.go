@@ -24,8 +24,9 @@ import (
 // background. The job still starts already inside its cgroup, as on the cold path.
 const (
 	warmArg0 = "sbx-init-warm"
-	// jobFD is where a warm init step reads its job (warmMessage); statusFD reports as for the cold one.
-	jobFD = statusFD + 1
+	// jobFD is where a warm init step reads its job (warmMessage); statusFD reports as for the cold
+	// one, and seccompFD holds the readonly program, for a readonly job.
+	jobFD = seccompFD + 1
 	// defaultWarm is how many warm init steps a v1 Manager keeps.
 	defaultWarm = 4
 	// warmJoined is the byte a warm init step writes on its status pipe once it joined its cgroup.
@@ -56,6 +57,8 @@ type warmProc struct {
 	p      *Process // the init step, which becomes the job
 	job    *os.File // write end of its job pipe
 	status *os.File // read end of its status pipe
+	// seccomp is whether it holds the readonly program on seccompFD (readonly jobs are possible here).
+	seccomp bool
 }
 
 func newWarmPool(m *Manager, h *v1Hierarchy, size int) *warmPool {
@@ -150,6 +153,11 @@ func (wp *warmPool) make() (*warmProc, error) {
 		release()
 		return nil, errors.Join(fmt.Errorf("status pipe: %w", err), g.remove())
 	}
+	// The readonly program, when readonly jobs can run here: a step cannot know its job's kind.
+	var prog *os.File
+	if ro, err := m.ro.get(m.bwrap); err == nil {
+		prog, _ = ro.program() // without it the step serves plain jobs only
+	}
 	vg := g.(*v1Group)
 	args := []string{warmArg0, strconv.Itoa(len(vg.dirs))}
 	for _, dir := range vg.dirs {
@@ -157,10 +165,13 @@ func (wp *warmPool) make() (*warmProc, error) {
 	}
 	spec := Spec{Path: "/proc/self/exe", Args: args, Dir: "/", Env: []string{}}
 	prepare := func(cmd *exec.Cmd) (func(error) error, error) {
-		cmd.ExtraFiles = []*os.File{sw, jr}
+		cmd.ExtraFiles = []*os.File{sw, prog, jr} // statusFD, seccompFD, jobFD
 		return func(err error) error {
 			sw.Close()
 			jr.Close()
+			if prog != nil {
+				prog.Close()
+			}
 			return err
 		}, nil
 	}
@@ -170,7 +181,7 @@ func (wp *warmPool) make() (*warmProc, error) {
 		sr.Close()
 		return nil, err
 	}
-	w := &warmProc{name: name, p: p, job: jw, status: sr}
+	w := &warmProc{name: name, p: p, job: jw, status: sr, seccomp: prog != nil}
 	// Ready means joined: the init step says so with one byte before it waits for the job.
 	joined := make([]byte, 1)
 	if _, err := io.ReadFull(sr, joined); err != nil || joined[0] != warmJoined {
@@ -187,11 +198,12 @@ func (w *warmProc) discard() {
 	_, _ = w.p.Wait()
 }
 
-// claim makes the warm init step run spec: it applies l, renames the cgroup to spec.ID and sends
+// claim makes the warm init step run spec (bwrap already, for a readonly job, which keeps the
+// step's seccompFD): it applies l, renames the cgroup to spec.ID and sends
 // the job. release is the job's: the Process calls it when the job is over, or claim does when it
 // fails before the Process has it. errWarmGone means the step had died: spec.ID stays live for the
 // cold start that follows.
-func (w *warmProc) claim(h *v1Hierarchy, spec Spec, l limits, release func()) (*Process, error) {
+func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, l limits, release func()) (*Process, error) {
 	p := w.p
 	early := func(err error) (*Process, error) {
 		w.discard()
@@ -225,7 +237,7 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, l limits, release func()) (*
 	if err := g.cg.Update(res); err != nil {
 		return fail(fmt.Errorf("apply limits: %w", err))
 	}
-	_, werr := w.job.Write(warmMessage(spec))
+	_, werr := w.job.Write(warmMessage(spec, readonly))
 	w.job.Close()
 	msg, rerr := io.ReadAll(w.status)
 	w.status.Close()
@@ -240,9 +252,9 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, l limits, release func()) (*
 	return p, nil
 }
 
-// warmMessage is the job a warm init step execs: NUL-terminated fields dir, path, argc, argv...,
-// envc, env... (Spec.validate refuses NUL bytes in all of them).
-func warmMessage(spec Spec) []byte {
+// warmMessage is the job a warm init step execs: NUL-terminated fields seccomp ("1" keeps seccompFD
+// open for bwrap), dir, path, argc, argv..., envc, env... (Spec.validate refuses NUL bytes in all).
+func warmMessage(spec Spec, readonly bool) []byte {
 	var b bytes.Buffer
 	field := func(s string) {
 		b.WriteString(s)
@@ -255,6 +267,11 @@ func warmMessage(spec Spec) []byte {
 	args := spec.Args
 	if len(args) == 0 {
 		args = []string{spec.Path}
+	}
+	if readonly {
+		field("1")
+	} else {
+		field("0")
 	}
 	field(dir)
 	field(spec.Path)
