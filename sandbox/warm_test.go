@@ -20,9 +20,9 @@ func waitWarm(t testing.TB, m *Manager) {
 	}
 }
 
-// TestWarmStart: a job started from a warm init step runs in a cgroup named for it, with its limits,
-// directory, environment and arguments, exactly as a cold start.
-func TestWarmStart(t *testing.T) {
+// newWarmManager makes a v1 Manager with a full warm pool, or skips where there can be none.
+func newWarmManager(t *testing.T) (*Manager, Config) {
+	t.Helper()
 	if !warmInit {
 		t.Skip("warm init steps need the cgo build")
 	}
@@ -32,6 +32,13 @@ func TestWarmStart(t *testing.T) {
 	}
 	m, cfg := newTestManager(t, cfg)
 	waitWarm(t, m)
+	return m, cfg
+}
+
+// TestWarmStart: a job started from a warm init step runs in a cgroup named for it, with its limits,
+// directory, environment and arguments, exactly as a cold start.
+func TestWarmStart(t *testing.T) {
+	m, cfg := newWarmManager(t)
 	limit := int64(64 << 20)
 	spec := Spec{
 		ID: "warm-job", Path: "/bin/sh", Dir: "/tmp", Env: []string{"ONLY=this"},
@@ -78,15 +85,7 @@ func TestWarmStart(t *testing.T) {
 
 // TestWarmClose: Close ends the warm init steps and removes their cgroups.
 func TestWarmClose(t *testing.T) {
-	if !warmInit {
-		t.Skip("warm init steps need the cgo build")
-	}
-	cfg := testConfigs(t)[0]
-	if cfg.Version != "v1" {
-		t.Skip("warm init steps are for cgroup v1")
-	}
-	m, _ := newTestManager(t, cfg)
-	waitWarm(t, m)
+	m, _ := newWarmManager(t)
 	if res, out := run(t, m, sh("one", "echo one")); res.ExitCode != 0 || out != "one\n" {
 		t.Fatalf("job: %+v %q", res, out)
 	}
