@@ -1,9 +1,11 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
@@ -109,8 +111,13 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 	ctl := http.NewResponseController(w)
 	for {
 		for _, n := range notes {
-			data, _ := json.Marshal(viewNotification(n))
-			if _, err := w.Write([]byte("id: " + strconv.FormatUint(n.Seq, 10) + "\nevent: notification\ndata: " + string(data) + "\n\n")); err != nil {
+			// One line of JSON, with the text's < and > as they are (as every JSON reply has them).
+			var data bytes.Buffer
+			enc := json.NewEncoder(&data)
+			enc.SetEscapeHTML(false)
+			_ = enc.Encode(viewNotification(n)) // a view of plain fields always encodes
+			event := "id: " + strconv.FormatUint(n.Seq, 10) + "\nevent: notification\ndata: " + strings.TrimSuffix(data.String(), "\n") + "\n\n"
+			if _, err := w.Write([]byte(event)); err != nil {
 				return
 			}
 		}
