@@ -262,48 +262,42 @@ func DecodeEvent(data []byte) (*Event, error) {
 }
 
 // Chunk is a piece of a job's output (stdout and stderr interleaved), published on OutputSubject with
-// the raw bytes as the payload and the job and byte offset in headers. Writing a chunk twice is harmless.
+// the raw bytes as the payload. The subject names the job and the wire version; the one header of
+// sbx's own is the byte offset (every header costs the server parsing on the hottest path). Writing a
+// chunk twice is harmless.
 type Chunk struct {
 	JobID  string
 	Offset int64
 	Data   []byte
 }
 
-// Headers returns the NATS headers of the chunk, including its de-duplication id.
+// Headers returns the NATS headers of the chunk: its offset and its de-duplication id.
 func (c *Chunk) Headers() map[string][]string {
 	off := strconv.FormatInt(c.Offset, 10)
 	return map[string][]string{
-		HeaderVersion: {strconv.Itoa(Version)},
-		HeaderJob:     {c.JobID},
-		HeaderOffset:  {off},
-		HeaderMsgID:   {c.JobID + ":o:" + off},
+		HeaderOffset: {off},
+		HeaderMsgID:  {c.JobID + ":o:" + off},
 	}
 }
 
-// DecodeChunk validates a chunk's headers and payload. The payload is not copied.
-func DecodeChunk(headers map[string][]string, data []byte) (*Chunk, error) {
-	get := func(k string) string {
-		if v := headers[k]; len(v) > 0 {
-			return v[0]
-		}
-		return ""
+// DecodeChunk validates a chunk from its subject, headers and payload. The payload is not copied.
+func DecodeChunk(subject string, headers map[string][]string, data []byte) (*Chunk, error) {
+	job, kind, ok := JobFromSubject(subject)
+	if !ok || kind != "out" {
+		return nil, invalid("subject %q is not an output subject", subject)
 	}
-	if v := get(HeaderVersion); v != strconv.Itoa(Version) {
-		return nil, invalid("chunk version %q, want %d", v, Version)
+	var off string
+	if v := headers[HeaderOffset]; len(v) > 0 {
+		off = v[0]
 	}
-	c := &Chunk{JobID: get(HeaderJob), Data: data}
-	if !ValidToken(c.JobID) {
-		return nil, invalid("chunk job %q is not a token", c.JobID)
+	offset, err := strconv.ParseInt(off, 10, 64)
+	if err != nil || offset < 0 || offset > MaxOutputBytes {
+		return nil, invalid("chunk offset %q is not a byte offset", off)
 	}
-	off, err := strconv.ParseInt(get(HeaderOffset), 10, 64)
-	if err != nil || off < 0 || off > MaxOutputBytes {
-		return nil, invalid("chunk offset %q is not a byte offset", get(HeaderOffset))
-	}
-	c.Offset = off
 	if len(data) == 0 || len(data) > MaxChunkBytes {
 		return nil, invalid("chunk of %d bytes, want 1..%d", len(data), MaxChunkBytes)
 	}
-	return c, nil
+	return &Chunk{JobID: job, Offset: offset, Data: data}, nil
 }
 
 // Control operations.

@@ -93,16 +93,19 @@ func TestChunkRoundTrip(t *testing.T) {
 	if h[HeaderMsgID][0] != "j1:o:8589934592" {
 		t.Fatalf("msg id %q", h[HeaderMsgID][0])
 	}
-	got, err := DecodeChunk(h, c.Data)
+	got, err := DecodeChunk(OutputSubject("j1"), h, c.Data)
 	if err != nil || got.Offset != c.Offset || !bytes.Equal(got.Data, c.Data) {
 		t.Fatalf("DecodeChunk = %+v, %v", got, err)
 	}
 	h[HeaderOffset] = []string{"-1"}
-	if _, err := DecodeChunk(h, c.Data); err == nil {
+	if _, err := DecodeChunk(OutputSubject("j1"), h, c.Data); err == nil {
 		t.Fatal("negative offset accepted")
 	}
-	if _, err := DecodeChunk(c.Headers(), make([]byte, MaxChunkBytes+1)); err == nil {
+	if _, err := DecodeChunk(OutputSubject("j1"), c.Headers(), make([]byte, MaxChunkBytes+1)); err == nil {
 		t.Fatal("oversized chunk accepted")
+	}
+	if _, err := DecodeChunk(StateSubject("j1"), c.Headers(), c.Data); err == nil {
+		t.Fatal("a chunk on a state subject accepted")
 	}
 }
 
@@ -162,9 +165,9 @@ func FuzzDecodeEvent(f *testing.F) {
 }
 
 func FuzzDecodeChunk(f *testing.F) {
-	f.Add("j1", "0", "1", []byte("x"))
-	f.Fuzz(func(t *testing.T, job, off, version string, data []byte) {
-		c, err := DecodeChunk(map[string][]string{HeaderJob: {job}, HeaderOffset: {off}, HeaderVersion: {version}}, data)
+	f.Add(OutputSubject("j1"), "0", []byte("x"))
+	f.Fuzz(func(t *testing.T, subject, off string, data []byte) {
+		c, err := DecodeChunk(subject, map[string][]string{HeaderOffset: {off}}, data)
 		if err != nil {
 			return
 		}

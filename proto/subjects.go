@@ -71,9 +71,10 @@ const ServiceName = "sbx-runner"
 
 // Header names.
 const (
+	// HeaderVersion is the wire version of a work message.
 	HeaderVersion = "Sbx-Version"
-	HeaderJob     = "Sbx-Job"
-	HeaderOffset  = "Sbx-Offset"
+	// HeaderOffset is an output chunk's byte offset.
+	HeaderOffset = "Sbx-Offset"
 	// HeaderMsgID is JetStream's de-duplication header.
 	HeaderMsgID = "Nats-Msg-Id"
 )

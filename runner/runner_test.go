@@ -97,7 +97,7 @@ func (h *harness) consume() {
 		defer h.mu.Unlock()
 		job, kind, _ := proto.JobFromSubject(m.Subject())
 		if kind == "out" {
-			c, err := proto.DecodeChunk(m.Headers(), m.Data())
+			c, err := proto.DecodeChunk(m.Subject(), m.Headers(), m.Data())
 			if err != nil {
 				t.Error(err)
 				return

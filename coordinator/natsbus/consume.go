@@ -77,7 +77,7 @@ func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) {
 		err = fmt.Errorf("%w: subject %s", proto.ErrInvalid, msg.Subject())
 	case kind == "out":
 		var c *proto.Chunk
-		if c, err = proto.DecodeChunk(msg.Headers(), msg.Data()); err == nil {
+		if c, err = proto.DecodeChunk(msg.Subject(), msg.Headers(), msg.Data()); err == nil {
 			err = h.HandleChunk(ctx, c)
 		}
 	default:
