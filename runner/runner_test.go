@@ -128,7 +128,8 @@ func (h *harness) consume() {
 func (h *harness) startRunner(cfg Config) *Runner {
 	h.t.Helper()
 	if cfg.ID == "" {
-		cfg.ID = fmt.Sprintf("test-%d", time.Now().UnixNano())
+		// One id for every test: each runner sweeps what an earlier test's left, and nothing piles up.
+		cfg.ID = "test"
 	}
 	cfg.Cgroup.Root = "sbx-runner-test"
 	r, err := New(h.nc, cfg)
@@ -415,7 +416,7 @@ func TestReadonlyJob(t *testing.T) {
 	requireBwrap(t)
 	h := newHarness(t)
 	t.Setenv("RO_RUNNER_SECRET", "leak")
-	id := fmt.Sprintf("ro-%d", time.Now().UnixNano())
+	id := "ro" // a fixed runner id: its cgroup root is swept by the next run, not left behind
 	hbs := h.heartbeats(id)
 	h.startRunner(Config{ID: id, Slots: 2})
 	if hb := firstHeartbeat(t, hbs); !hb.Readonly || hb.ReadonlyReason != "" {
@@ -470,7 +471,7 @@ func TestReadonlyProbeFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	id := fmt.Sprintf("noro-%d", time.Now().UnixNano())
+	id := "noro" // a fixed runner id, as above
 	hbs := h.heartbeats(id)
 	h.startRunner(Config{ID: id})
 	hb := firstHeartbeat(t, hbs)

@@ -57,7 +57,7 @@ func startServe(t testing.TB, extra ...string) *instance {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{first: make(chan string, 1)}
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
-		"--data", t.TempDir(), "--cgroup-root", "sbx-cmd-test", "--id", fmt.Sprintf("t%d", time.Now().UnixNano()%1e9)}, extra...)
+		"--data", t.TempDir(), "--cgroup-root", "sbx-cmd-test", "--id", "serve"}, extra...)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, os.Getenv, out, io.Discard) }()
 	t.Cleanup(func() {
