@@ -71,6 +71,7 @@ Client (SBX_ADDR, default http://127.0.0.1:7070; SBX_TOKEN):
   runners                     list runners
   events [-f] [--session S]   print (and ack) notifications; -f follows
   end-session S               end a session: stop its jobs, without notifications
+  mcp [--session S]           an MCP server on stdin/stdout whose tools are the API's operations
 
 Run 'sbx <command> -h' for a command's flags.`
 
@@ -90,6 +91,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdRunner(ctx, rest, getenv, stderr)
 	case "run", "ps", "status", "wait", "logs", "kill", "runners", "events", "end-session":
 		return cmdClient(ctx, cmd, rest, getenv, stdout, stderr)
+	case "mcp":
+		return cmdMCP(ctx, rest, getenv, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil
