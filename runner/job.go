@@ -119,10 +119,8 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		}
 		waited <- res
 	}()
-	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventStarted, JobID: j.id, Pid: proc.Pid()}); err != nil {
-		j.stop(proto.ReasonKilled, "the runner lost its connection to NATS")
-	}
-	written := r.pump(ctx, j, proc, w.Limits.OutputBytes, log)
+	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Pid: proc.Pid()})
+	written := r.pump(ctx, j, proc, started, w.Limits.OutputBytes, log)
 	res := <-waited
 
 	j.mu.Lock()
@@ -251,10 +249,15 @@ func resources(l proto.Limits) *specs.LinuxResources {
 
 // publishEvent publishes a state event, retrying until it is stored or ctx ends.
 func (r *Runner) publishEvent(ctx context.Context, e *proto.Event) error {
+	return r.publishSync(ctx, r.eventMsg(e))
+}
+
+// eventMsg stamps a state event and makes its message, de-duplicated by job and kind.
+func (r *Runner) eventMsg(e *proto.Event) *nats.Msg {
 	e.V, e.Runner, e.Time = proto.Version, r.cfg.ID, time.Now()
 	msg := &nats.Msg{Subject: proto.StateSubject(e.JobID), Data: proto.Encode(e), Header: nats.Header{}}
 	msg.Header.Set(proto.HeaderMsgID, e.MsgID())
-	return r.publishSync(ctx, msg)
+	return msg
 }
 
 // forget drops a job from the runner's table: control requests no longer find it.

@@ -21,15 +21,20 @@ type deadliner interface {
 	SetReadDeadline(time.Time) error
 }
 
-// pump reads the job's output to EOF and publishes it in chunks of at most 64 KiB, in order, with
-// their byte offsets. It never drops a byte: while a chunk cannot be published it stops reading, and
+// pump publishes the job's started event, then reads the job's output to EOF and publishes it in
+// chunks of at most 64 KiB, in order, with their byte offsets. The started event goes first on the
+// same connection and through the same window, so the stream holds it before any chunk, and the job
+// runs while it is acked. It never drops a byte: while a chunk cannot be published it stops reading, and
 // the job blocks on write. Past limit bytes (when > 0) the job is stopped as output_limit and the
 // rest is read and discarded. It returns the number of bytes published.
-func (r *Runner) pump(ctx context.Context, j *job, proc *sandbox.Process, limit int64, log *slog.Logger) int64 {
+func (r *Runner) pump(ctx context.Context, j *job, proc *sandbox.Process, started *nats.Msg, limit int64, log *slog.Logger) int64 {
 	out := proc.Output()
 	pctx, cancel := r.finalContext(ctx, context.WithoutCancel(ctx))
 	defer cancel()
 	pub := &publisher{r: r, ctx: pctx, log: log}
+	if !pub.send(started) {
+		j.stop(proto.ReasonKilled, "the runner lost its connection to NATS")
+	}
 	buf := make([]byte, proto.MaxChunkBytes)
 	var off int64
 	for {
