@@ -165,7 +165,9 @@ func (wp *warmPool) make() (*warmProc, error) {
 	}
 	spec := Spec{Path: "/proc/self/exe", Args: args, Dir: "/", Env: []string{}}
 	prepare := func(cmd *exec.Cmd) (func(error) error, error) {
-		cmd.ExtraFiles = []*os.File{sw, prog, jr} // statusFD, seccompFD, jobFD
+		files := make([]*os.File, jobFD-2) // descriptors 3..jobFD
+		files[statusFD-3], files[seccompFD-3], files[jobFD-3] = sw, prog, jr
+		cmd.ExtraFiles = files
 		return func(err error) error {
 			sw.Close()
 			jr.Close()
