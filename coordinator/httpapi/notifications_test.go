@@ -8,28 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-dev/sbx/coordinator/client"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/proto"
 )
 
-type notification struct {
-	Seq        uint64    `json:"seq"`
-	ID         string    `json:"id"`
-	Session    string    `json:"session"`
-	Kind       string    `json:"kind"`
-	Status     string    `json:"status"`
-	JobID      string    `json:"job_id"`
-	Title      string    `json:"title"`
-	Detail     string    `json:"detail"`
-	OutputPath string    `json:"output_path"`
-	CreatedAt  time.Time `json:"created_at"`
-	Text       string    `json:"text"`
-}
-
-type notificationsReply struct {
-	Notifications []notification `json:"notifications"`
-	Next          uint64         `json:"next"`
-}
+// The notification wire types are the Go client's: they mirror the API object field for field.
+type (
+	notification       = client.Notification
+	notificationsReply = client.Notifications
+)
 
 func (h *harness) notifications(query string) notificationsReply {
 	h.t.Helper()
