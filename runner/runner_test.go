@@ -3,6 +3,8 @@ package runner
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -131,7 +133,7 @@ func (h *harness) startRunner(cfg Config) *Runner {
 		// One id for every test: each runner sweeps what an earlier test's left, and nothing piles up.
 		cfg.ID = "test"
 	}
-	cfg.Cgroup.Root = "sbx-runner-test"
+	cfg.Cgroup.Root = testCgroupRoot("sbx-runner-test")
 	r, err := New(h.nc, cfg)
 	if err != nil {
 		h.t.Fatal(err)
@@ -548,4 +550,13 @@ func TestBackpressure(t *testing.T) {
 	if got := h.out(id); got != want {
 		t.Fatalf("output differs: %d bytes, want %d", len(got), len(want))
 	}
+}
+
+// testCgroupRoot names the cgroup root of this checkout's tests: fixed, so that each run sweeps what
+// the last one left, and different per checkout, so that two checkouts testing at once never sweep
+// each other's jobs.
+func testCgroupRoot(name string) string {
+	wd, _ := os.Getwd()
+	sum := sha256.Sum256([]byte(wd))
+	return name + "-" + hex.EncodeToString(sum[:4])
 }

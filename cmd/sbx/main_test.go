@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -57,7 +59,7 @@ func startServe(t testing.TB, extra ...string) *instance {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{first: make(chan string, 1)}
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
-		"--data", t.TempDir(), "--cgroup-root", "sbx-cmd-test", "--id", "serve"}, extra...)
+		"--data", t.TempDir(), "--cgroup-root", testCgroupRoot("sbx-cmd-test"), "--id", "serve"}, extra...)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, os.Getenv, out, io.Discard) }()
 	t.Cleanup(func() {
@@ -465,4 +467,13 @@ func TestEndSessionEndToEnd(t *testing.T) {
 	if out, err := s.sbx(t, "events", "--session", "doomed"); err != nil || out != "" {
 		t.Fatalf("events of an ended session: %q, %v", out, err)
 	}
+}
+
+// testCgroupRoot names the cgroup root of this checkout's tests: fixed, so that each run sweeps what
+// the last one left, and different per checkout, so that two checkouts testing at once never sweep
+// each other's jobs.
+func testCgroupRoot(name string) string {
+	wd, _ := os.Getwd()
+	sum := sha256.Sum256([]byte(wd))
+	return name + "-" + hex.EncodeToString(sum[:4])
 }

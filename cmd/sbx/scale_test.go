@@ -92,7 +92,7 @@ func TestScaleOut(t *testing.T) {
 		t.Fatal("coordinator did not start")
 	}
 	for _, id := range []string{"scale-a", "scale-b"} {
-		startProcess(t, bin, "runner", "--nats", url, "--id", id, "--slots", "2", "--cgroup-root", "sbx-scale-test")
+		startProcess(t, bin, "runner", "--nats", url, "--id", id, "--slots", "2", "--cgroup-root", testCgroupRoot("sbx-scale-test"))
 	}
 	c := client.New(addr, "")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
