@@ -1,11 +1,11 @@
 package sandbox
 
 import (
-	"fmt"
 	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
