@@ -99,7 +99,7 @@ func Render(n *Notification) string {
 	b.WriteString("title: " + escape(oneLine(n.Title)) + "\n")
 	b.WriteString("tool_call_id: " + escape(n.JobID) + "\n")
 	if n.Detail != "" {
-		b.WriteString("detail: " + strings.ReplaceAll(escape(n.Detail), "\n", "\n  ") + "\n")
+		b.WriteString("detail: " + indent(escape(n.Detail)) + "\n")
 	}
 	if n.OutputPath != "" {
 		b.WriteString("output_path: " + escape(n.OutputPath) + "\n")
@@ -154,6 +154,17 @@ func taskStatus(status string) string {
 var escaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;")
 
 func escape(s string) string { return escaper.Replace(s) }
+
+// indent indents the lines of s after its first, but blank ones, by two spaces.
+func indent(s string) string {
+	lines := strings.Split(s, "\n")
+	for i := 1; i < len(lines); i++ {
+		if lines[i] != "" {
+			lines[i] = "  " + lines[i]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
 
 // oneLine keeps a field on its line of the rendering.
 func oneLine(s string) string {

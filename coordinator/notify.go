@@ -332,7 +332,12 @@ func finishedNote(j *Job) note {
 		code := strconv.Itoa(*j.ExitCode)
 		return note{kind: KindFinished, status: NoteError, detail: "exit_code=" + code, summary: subject + " failed with exit code " + code}
 	case j.Status == StatusFailed:
-		return note{kind: KindFinished, status: NoteError, detail: "reason=" + j.Reason, summary: subject + " failed to start"}
+		n := note{kind: KindFinished, status: NoteError, detail: "reason=" + j.Reason, summary: subject + " failed to start"}
+		if j.Error != "" {
+			n.detail += " (" + j.Error + ")"
+			n.summary += " (" + j.Error + ")"
+		}
+		return n
 	}
 	d := "reason=" + j.Reason
 	why := j.Error
