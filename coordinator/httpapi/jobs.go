@@ -28,6 +28,8 @@ type startBody struct {
 	NotifyOnOut  *notifyView       `json:"notify_on_output"`
 	Monitor      bool              `json:"monitor"`
 	Persistent   bool              `json:"persistent"`
+	// NotificationFormat is the format of the job's notifications (docs/notifications.md).
+	NotificationFormat string `json:"notification_format"`
 }
 
 // startReply is the reply to POST /v1/jobs. Output is the output's bytes (its last
@@ -67,6 +69,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
+		NotificationFormat: coordinator.Format(b.NotificationFormat),
 		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
