@@ -131,6 +131,7 @@ func matchTitle(n *OutputNotify) string {
 	}
 	return t
 }
+
 // feed takes newly contiguous output bytes.
 func (w *watch) feed(p []byte, now time.Time) {
 	for len(p) > 0 {

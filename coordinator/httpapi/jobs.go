@@ -70,7 +70,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
 		NotificationFormat: coordinator.Format(b.NotificationFormat),
-		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly,
+		Command:            b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
