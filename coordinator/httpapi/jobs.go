@@ -69,13 +69,13 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
-		NotificationFormat: coordinator.Format(b.NotificationFormat),
-		Command:            b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly,
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
 			Pids: b.Limits.Pids, OutputBytes: b.Limits.OutputBytes, TimeoutMS: b.Limits.TimeoutMS,
 		},
+		NotificationFormat: coordinator.Format(b.NotificationFormat),
 	})
 	if err != nil {
 		s.writeError(w, r, err)
