@@ -180,6 +180,17 @@ func (e *env) eventually(session string, n int) []*coordinator.Notification {
 	}
 }
 
+// wantNotes checks the default session's notifications against want (as summary writes them) and
+// returns them.
+func (e *env) wantNotes(want string) []*coordinator.Notification {
+	e.t.Helper()
+	notes := e.notes("default", 0)
+	if got := summary(notes); got != want {
+		e.t.Fatalf("got\n%swant\n%s", got, want)
+	}
+	return notes
+}
+
 func summary(notes []*coordinator.Notification) string {
 	var b strings.Builder
 	for _, n := range notes {
@@ -353,14 +364,11 @@ func TestOutputDebounce(t *testing.T) {
 		t.Fatalf("after the output:\n%s", summary(notes))
 	}
 	e.exit(id, proto.ReasonExit, 0, int64(len(s)))
-	notes = e.notes("default", 0)
 	want := `1 output success "Shell output has pattern /^ERROR \\d+/. This is occurrence number 1. Matched text: ERROR 0. The title message is being displayed to the user."
 2 output success "Shell output matched /^ERROR \\d+/ 19 more times since the previous notification. The title message is being displayed to the user. Latest match: ERROR 19."
 3 finished success ""
 `
-	if got := summary(notes); got != want {
-		t.Fatalf("got\n%swant\n%s", got, want)
-	}
+	notes = e.wantNotes(want)
 	for _, n := range notes[:2] {
 		if n.Title != "an error" || n.Summary != `Monitor event: "an error"` || n.Event != n.Detail || !strings.Contains(n.Text, "has notified") || !strings.Contains(n.Text, "\ntitle: an error\n") {
 			t.Fatalf("notification %+v", n)
@@ -387,10 +395,7 @@ func TestOutputWindow(t *testing.T) {
 4 output success "Shell output has pattern /fail \\d/. This is occurrence number 5. Latest match: fail 5. The title message is being displayed to the user."
 5 finished error "exit_code=2"
 `
-	notes := e.notes("default", 0)
-	if got := summary(notes); got != want {
-		t.Fatalf("got\n%swant\n%s", got, want)
-	}
+	notes := e.wantNotes(want)
 	if notes[0].Title != `Shell output contains /fail \d/` || notes[4].Title != "make test" {
 		t.Fatalf("titles %q, %q", notes[0].Title, notes[4].Title)
 	}
@@ -421,10 +426,7 @@ func TestOutputLimit(t *testing.T) {
 3 limit success "Shell output matched /x\\d+/ 100 times and has reached the notification limit. No further notifications will be sent for this pattern. To continue monitoring, read the output file directly at the output path."
 4 finished success ""
 `
-			notes := e.notes("default", 0)
-			if got := summary(notes); got != want {
-				t.Fatalf("got\n%swant\n%s", got, want)
-			}
+			notes := e.wantNotes(want)
 			if notes[2].Title != "Notification limit reached (100)" {
 				t.Fatalf("limit title %q", notes[2].Title)
 			}
@@ -448,9 +450,7 @@ func TestOutputOutOfOrder(t *testing.T) {
 2 output success "Shell output matched /^(a|b|L.*)/ 2 more times since the previous notification. The title message is being displayed to the user. Latest match is 6001 characters; omitted from notification detail."
 3 finished success ""
 `
-	if got := summary(e.notes("default", 0)); got != want {
-		t.Fatalf("got\n%swant\n%s", got, want)
-	}
+	e.wantNotes(want)
 }
 
 // TestStall: output unchanged with a prompt as its last line notifies once per job (a later
