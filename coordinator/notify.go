@@ -23,7 +23,8 @@ const (
 	MaxDebounce = time.Hour
 	// MaxMatches is how many matches of a job are notified; the last one sends the limit notice too.
 	MaxMatches = 100
-	// MaxMatchText is the longest matched line a notification quotes; a longer one is named by length.
+	// MaxMatchText is the longest matched text (or monitor line) a notification quotes; a longer one
+	// is named by its length.
 	MaxMatchText = 5000
 	// maxLine is the longest partial line held; a longer one is handled as a line of its own.
 	maxLine = 64 << 10
@@ -62,7 +63,7 @@ func (o *OutputNotify) validate(minDebounce time.Duration) error {
 }
 
 // note is a notification not yet stored: the service fills in the job's fields and the seq. title
-// "" is the job's title.
+// "" is the job's title; summary and event are what its <task-notification> form says.
 type note struct {
 	kind    NotificationKind
 	status  string
