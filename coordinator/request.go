@@ -38,6 +38,8 @@ type StartRequest struct {
 	// Monitor makes every output line a notification; Persistent lifts a monitor's timeout.
 	Monitor    bool
 	Persistent bool
+	// NotificationFormat is the format of the job's notifications ("": its session's).
+	NotificationFormat Format
 }
 
 // validate checks every field, naming the first one that is wrong, and fills defaults.
@@ -105,6 +107,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 			return err
 		}
 		r.NotifyOnOutput = &n
+	}
+	if _, err := ParseFormat("notification_format", string(r.NotificationFormat)); err != nil {
+		return err
 	}
 	if r.Persistent && !r.Monitor {
 		return Errorf(EINVALID, "persistent applies only to a monitor: set monitor as well.")

@@ -128,9 +128,10 @@ type liveJob struct {
 	quiet        bool
 	watch        *watch // nil when nothing watches the output
 	// lastGrowth is when the body last grew; stallChecked is set once the current quiet spell was
-	// looked at for a prompt.
-	lastGrowth   time.Time
-	stallChecked bool
+	// looked at for a prompt, stallNotified once a stall was notified (once per job).
+	lastGrowth    time.Time
+	stallChecked  bool
+	stallNotified bool
 }
 
 // wrote records a chunk written at [off, end) and reports whether the gap-free body grew.
@@ -223,6 +224,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Cwd: req.Cwd,
 		Readonly: req.Readonly, User: req.User, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
+		NotificationFormat: req.NotificationFormat,
 	}
 	if job.Limits.OutputBytes == 0 {
 		job.Limits.OutputBytes = s.cfg.DefaultOutputBytes
@@ -421,7 +423,7 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 	if sawEnd {
 		l.endSeen = true
 	}
-	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet {
+	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet || l.endNotified() {
 		return
 	}
 	l.endSeen = true // once
@@ -667,7 +669,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 		}
 		if l.observers > 0 {
 			j.Observed = true
-		} else {
+		} else if !l.endNotified() {
 			notes = append(notes, finishedNote(j))
 		}
 		if err := s.addNotesLocked(ctx, l, notes); err != nil {

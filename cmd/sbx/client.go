@@ -433,6 +433,7 @@ const maxEventWait = 5 * time.Minute
 func (cc *clientCmd) events(ctx context.Context, fs *flag.FlagSet, args []string) error {
 	follow := fs.Bool("f", false, "follow: wait for notifications and print them as they come")
 	session := fs.String("session", "", "session (default: default)")
+	format := fs.String("format", "", "write each text as system_notification or task_notification (default: as stored)")
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -448,7 +449,7 @@ func (cc *clientCmd) events(ctx context.Context, fs *flag.FlagSet, args []string
 		if *follow {
 			wait = maxEventWait
 		}
-		raw, err := cc.c.Do(ctx, "GET", client.NotificationsPath(id, after, wait), nil)
+		raw, err := cc.c.Do(ctx, "GET", client.NotificationsQuery{Session: id, After: after, Wait: wait, Format: *format}.Path(), nil)
 		if err != nil {
 			if *follow && ctx.Err() != nil {
 				return nil // interrupted

@@ -81,6 +81,9 @@ type StartRequest struct {
 	// Monitor makes every output line a notification; Persistent lifts a monitor's timeout.
 	Monitor    bool `json:"monitor,omitempty"`
 	Persistent bool `json:"persistent,omitempty"`
+	// NotificationFormat is the format of the job's notifications (FormatSystem or FormatTask;
+	// "": its session's).
+	NotificationFormat string `json:"notification_format,omitempty"`
 	// BlockUntil makes the call wait up to this long for the job to end (sent as block_until_ms).
 	BlockUntil time.Duration `json:"-"`
 }

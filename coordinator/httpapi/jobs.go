@@ -29,6 +29,8 @@ type startBody struct {
 	NotifyOnOut  *notifyView       `json:"notify_on_output"`
 	Monitor      bool              `json:"monitor"`
 	Persistent   bool              `json:"persistent"`
+	// NotificationFormat is the format of the job's notifications (docs/notifications.md).
+	NotificationFormat string `json:"notification_format"`
 }
 
 // startReply is the reply to POST /v1/jobs. Output is the output's bytes (its last
@@ -74,6 +76,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
 			Pids: b.Limits.Pids, OutputBytes: b.Limits.OutputBytes, TimeoutMS: b.Limits.TimeoutMS,
 		},
+		NotificationFormat: coordinator.Format(b.NotificationFormat),
 	})
 	if err != nil {
 		s.writeError(w, r, err)

@@ -111,14 +111,25 @@ type notificationView struct {
 	Detail     string    `json:"detail"`
 	OutputPath string    `json:"output_path"`
 	CreatedAt  time.Time `json:"created_at"`
-	Text       string    `json:"text"`
+	// Format extends API.md's object: the format text is written in.
+	Format string `json:"format"`
+	Text   string `json:"text"`
 }
 
 func viewNotification(n *coordinator.Notification) *notificationView {
 	return &notificationView{
 		Seq: n.Seq, ID: n.ID, Session: n.Session, Kind: string(n.Kind), Status: n.Status, JobID: n.JobID,
-		Title: n.Title, Detail: n.Detail, OutputPath: n.OutputPath, CreatedAt: n.CreatedAt.UTC(), Text: n.Text,
+		Title: n.Title, Detail: n.Detail, OutputPath: n.OutputPath, CreatedAt: n.CreatedAt.UTC(),
+		Format: string(formatOf(n.Format)), Text: n.Text,
 	}
+}
+
+// formatOf names the default format rather than leave it blank.
+func formatOf(f coordinator.Format) coordinator.Format {
+	if f == "" {
+		return coordinator.FormatSystem
+	}
+	return f
 }
 
 // sessionView is the API's session object.
@@ -130,12 +141,14 @@ type sessionView struct {
 	EndedAt   *time.Time `json:"ended_at"`
 	Acked     uint64     `json:"acked"`
 	LastSeq   uint64     `json:"last_seq"`
+	// Format is the format of the session's notifications.
+	Format string `json:"format"`
 }
 
 func viewSession(s *coordinator.Session) *sessionView {
 	return &sessionView{
 		ID: s.ID, CreatedAt: s.CreatedAt.UTC(), LeaseMS: s.LeaseMS, ExpiresAt: utc(s.ExpiresAt),
-		EndedAt: utc(s.EndedAt), Acked: s.Acked, LastSeq: s.LastSeq,
+		EndedAt: utc(s.EndedAt), Acked: s.Acked, LastSeq: s.LastSeq, Format: string(formatOf(s.Format)),
 	}
 }
 
