@@ -76,6 +76,9 @@ type Job struct {
 	Persistent bool          `json:"persistent,omitempty"`
 	// Observed is set when the end was seen by a waiting caller, so no finished notification was sent.
 	Observed bool `json:"observed,omitempty"`
+	// QueuedReason says why a queued job waits, from what the coordinator knows of the runners at the
+	// time it is read; it is not stored.
+	QueuedReason string `json:"-"`
 }
 
 // ElapsedMS is the time from start to end (or to now while running); 0 before the start.

@@ -291,6 +291,7 @@ func (s *Service) snapshot(id string, fallback *Job) *Job {
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
+		j.QueuedReason = s.queuedReasonLocked(&j)
 		return &j
 	}
 	j := *fallback
@@ -331,6 +332,7 @@ func (s *Service) watch(ctx context.Context, id string) (*Job, int64, <-chan str
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
+		j.QueuedReason = s.queuedReasonLocked(&j)
 		size, ch := l.size, l.changed
 		s.mu.Unlock()
 		return &j, size, ch, nil

@@ -27,7 +27,9 @@ type Config struct {
 	ID string
 	// Pool is the pool whose work it takes ("default").
 	Pool string
-	// Slots is how many jobs it runs at once (the number of CPUs... default 4).
+	// Slots is how many jobs it runs at once (default 256). It is a guard against runaway load, not a
+	// measure of the machine: agents keep dev servers and watchers running for hours, and a small
+	// count would queue an `echo` behind them.
 	Slots int
 	// Cgroup configures the runner's cgroups. Its Root (default "sbx") gets the runner id appended, so
 	// that runners sharing a machine never sweep each other's jobs. Its Bwrap names the bubblewrap
@@ -76,7 +78,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("pool %q must be 1-64 characters of letters, digits, '_' and '-'", c.Pool)
 	}
 	if c.Slots == 0 {
-		c.Slots = 4
+		c.Slots = DefaultSlots
 	}
 	if c.Slots < 1 || c.Slots > 4096 {
 		return fmt.Errorf("slots %d must be between 1 and 4096", c.Slots)
@@ -112,6 +114,9 @@ func (c *Config) setDefaults() error {
 	}
 	return nil
 }
+
+// DefaultSlots is a runner's default number of slots.
+const DefaultSlots = 256
 
 // Runner runs jobs from one pool.
 type Runner struct {

@@ -26,6 +26,7 @@ type clientCmd struct {
 	c      *client.Client
 	json   bool
 	stdout io.Writer
+	stderr io.Writer
 	addr   string
 }
 
@@ -34,7 +35,7 @@ func cmdClient(ctx context.Context, name string, args []string, getenv func(stri
 	if addr == "" {
 		addr = "http://127.0.0.1:7070"
 	}
-	cc := &clientCmd{c: client.New(addr, getenv("SBX_TOKEN")), stdout: stdout, addr: addr}
+	cc := &clientCmd{c: client.New(addr, getenv("SBX_TOKEN")), stdout: stdout, stderr: stderr, addr: addr}
 	fs := newFlags(name, stderr)
 	fs.BoolVar(&cc.json, "json", false, "print the API's JSON")
 	var err error
@@ -223,6 +224,9 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	}
 	if wait == 0 {
 		fmt.Fprintln(cc.stdout, reply.Job.ID)
+		if r := reply.Job.QueuedReason; r != nil {
+			fmt.Fprintln(cc.stderr, "sbx: queued: "+*r)
+		}
 		return nil
 	}
 	if reply.Backgrounded {

@@ -81,7 +81,7 @@ type runnerFlags struct {
 func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.id, "id", "", "runner id (default: the host name)")
 	fs.StringVar(&r.pool, "pool", "default", "pool whose work this runner takes")
-	fs.IntVar(&r.slots, "slots", 4, "jobs run at once")
+	fs.IntVar(&r.slots, "slots", runner.DefaultSlots, "jobs run at once at most (a guard, not a CPU count: dev servers and watchers hold slots for hours)")
 	fs.StringVar(&r.cgroupRoot, "cgroup-root", "sbx", "cgroup under which the runner makes its jobs' cgroups")
 	fs.StringVar(&r.user, "user", "", "user jobs run as (default: the runner's own; serve started with sudo: $SUDO_USER)")
 	fs.Var(&r.users, "allow-user", "another user a job may ask for with \"user\" (repeatable; needs --user)")

@@ -10,28 +10,30 @@ import (
 // than serializing that, which carries internal fields (work_seq, accepted_at). Unset values are
 // null, not absent: exit_code until the end, pid before the start, started_at, ended_at, usage.
 type jobView struct {
-	ID          string     `json:"id"`
-	Session     string     `json:"session"`
-	Title       string     `json:"title"`
-	Command     string     `json:"command"`
-	Cwd         string     `json:"cwd"`
-	Readonly    bool       `json:"readonly"`
-	User        string     `json:"user"`
-	Pool        string     `json:"pool"`
-	Status      string     `json:"status"`
-	Reason      string     `json:"reason"`
-	ExitCode    *int       `json:"exit_code"`
-	Pid         *int       `json:"pid"`
-	Runner      string     `json:"runner"`
-	CreatedAt   time.Time  `json:"created_at"`
-	StartedAt   *time.Time `json:"started_at"`
-	EndedAt     *time.Time `json:"ended_at"`
-	ElapsedMS   int64      `json:"elapsed_ms"`
-	OutputBytes int64      `json:"output_bytes"`
-	OutputPath  string     `json:"output_path"`
-	Limits      limitsView `json:"limits"`
-	Usage       *usageView `json:"usage"`
-	Error       string     `json:"error,omitempty"`
+	ID       string `json:"id"`
+	Session  string `json:"session"`
+	Title    string `json:"title"`
+	Command  string `json:"command"`
+	Cwd      string `json:"cwd"`
+	Readonly bool   `json:"readonly"`
+	User     string `json:"user"`
+	Pool     string `json:"pool"`
+	Status   string `json:"status"`
+	// QueuedReason says why a queued job has not started yet; null otherwise.
+	QueuedReason *string    `json:"queued_reason"`
+	Reason       string     `json:"reason"`
+	ExitCode     *int       `json:"exit_code"`
+	Pid          *int       `json:"pid"`
+	Runner       string     `json:"runner"`
+	CreatedAt    time.Time  `json:"created_at"`
+	StartedAt    *time.Time `json:"started_at"`
+	EndedAt      *time.Time `json:"ended_at"`
+	ElapsedMS    int64      `json:"elapsed_ms"`
+	OutputBytes  int64      `json:"output_bytes"`
+	OutputPath   string     `json:"output_path"`
+	Limits       limitsView `json:"limits"`
+	Usage        *usageView `json:"usage"`
+	Error        string     `json:"error,omitempty"`
 	// NotifyOnOutput, Monitor and Persistent extend API.md's job object: what the start asked for.
 	NotifyOnOutput *notifyView `json:"notify_on_output"`
 	Monitor        bool        `json:"monitor"`
@@ -88,6 +90,10 @@ func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	if j.Pid != 0 {
 		p := j.Pid
 		v.Pid = &p
+	}
+	if j.QueuedReason != "" {
+		r := j.QueuedReason
+		v.QueuedReason = &r
 	}
 	if j.Usage != nil {
 		v.Usage = &usageView{CPUMS: j.Usage.CPUMS, MemoryPeakBytes: j.Usage.MemoryPeakBytes}
