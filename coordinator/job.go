@@ -52,6 +52,7 @@ type Job struct {
 	Cwd         string     `json:"cwd"`
 	Readonly    bool       `json:"readonly"`
 	User        string     `json:"user,omitempty"`
+	Shell       string     `json:"shell,omitempty"`
 	Pool        string     `json:"pool"`
 	Status      Status     `json:"status"`
 	Reason      string     `json:"reason,omitempty"`

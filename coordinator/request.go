@@ -28,7 +28,9 @@ type StartRequest struct {
 	Env      map[string]string
 	Readonly bool
 	// User names the account the job runs as on its runner ("": the runner's default).
-	User       string
+	User string
+	// Shell is "sh", "bash" or "" for the runner's default (bash where installed).
+	Shell      string
 	Pool       string
 	Session    string
 	Limits     Limits
@@ -74,6 +76,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	}
 	if r.User != "" && !proto.ValidUser(r.User) {
 		return Errorf(EINVALID, "user %q must be a user name: 1-%d characters of letters, digits, '_', '-' and '.'.", r.User, proto.MaxUserBytes)
+	}
+	if r.Shell != "" && r.Shell != proto.ShellSh && r.Shell != proto.ShellBash {
+		return Errorf(EINVALID, "shell %q must be sh or bash (or absent: the runner's default, bash where installed).", r.Shell)
 	}
 	if r.Pool == "" {
 		r.Pool = "default"

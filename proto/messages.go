@@ -94,7 +94,15 @@ type Work struct {
 	// User names the account the job runs as on the runner ("": the runner's default); the runner
 	// resolves it and refuses one it does not allow.
 	User string `json:"user,omitempty"`
+	// Shell is the shell that runs Command with -c: ShellSh, ShellBash, or "" for the runner's default.
+	Shell string `json:"shell,omitempty"`
 }
+
+// Shells a job may ask for.
+const (
+	ShellSh   = "sh"
+	ShellBash = "bash"
+)
 
 // Validate checks a Work message field by field.
 func (w *Work) Validate() error {
@@ -118,6 +126,9 @@ func (w *Work) Validate() error {
 	}
 	if w.User != "" && !ValidUser(w.User) {
 		return invalid("user %q is not a user name", w.User)
+	}
+	if w.Shell != "" && w.Shell != ShellSh && w.Shell != ShellBash {
+		return invalid("shell %q is not sh or bash", w.Shell)
 	}
 	return w.Limits.Validate()
 }

@@ -42,6 +42,7 @@ func TestDecodeWorkRejects(t *testing.T) {
 		{"absurd pids", func(w *Work) { w.Limits.Pids = MaxPids + 1 }, "limits.pids"},
 		{"env key with =", func(w *Work) { w.Env = map[string]string{"A=B": "c"} }, "env key"},
 		{"user with slash", func(w *Work) { w.User = "../root" }, "user"},
+		{"shell path", func(w *Work) { w.Shell = "/bin/zsh" }, "shell"},
 		{"user with colon", func(w *Work) { w.User = "a:b" }, "user"},
 		{"user starting with -", func(w *Work) { w.User = "-r" }, "user"},
 		{"long user", func(w *Work) { w.User = strings.Repeat("u", MaxUserBytes+1) }, "user"},

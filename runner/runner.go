@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +41,9 @@ type Config struct {
 	// may ask for. With a User set, no job runs as anyone else (see account).
 	User  string
 	Users []string
+	// Shell is the absolute path of the shell a job runs in when it names none (default: bash when it
+	// is installed, else /bin/sh): agents write bash.
+	Shell string
 	// Labels describe the runner in GET /v1/runners.
 	Labels map[string]string
 	// Version is reported in heartbeats.
@@ -93,6 +98,15 @@ func (c *Config) setDefaults() error {
 	}
 	if len(c.Users) > 0 && c.User == "" {
 		return errors.New("users: allowing other users needs a default user")
+	}
+	if c.Shell == "" {
+		c.Shell = "/bin/sh"
+		if bash, err := exec.LookPath("bash"); err == nil {
+			c.Shell = bash
+		}
+	}
+	if !filepath.IsAbs(c.Shell) {
+		return fmt.Errorf("shell %q must be an absolute path", c.Shell)
 	}
 	if c.Version == "" {
 		c.Version = "dev"

@@ -24,6 +24,7 @@ type Job struct {
 	Cwd      string `json:"cwd"`
 	Readonly bool   `json:"readonly"`
 	User     string `json:"user"`
+	Shell    string `json:"shell"`
 	Pool     string `json:"pool"`
 	Status   string `json:"status"`
 	// QueuedReason says why a queued job has not started yet.
@@ -75,6 +76,7 @@ type StartRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Readonly bool              `json:"readonly,omitempty"`
 	User     string            `json:"user,omitempty"`
+	Shell    string            `json:"shell,omitempty"`
 	Pool     string            `json:"pool,omitempty"`
 	Session  string            `json:"session,omitempty"`
 	Limits   *Limits           `json:"limits,omitempty"`

@@ -22,6 +22,7 @@ type startBody struct {
 	Env          map[string]string `json:"env"`
 	Readonly     bool              `json:"readonly"`
 	User         string            `json:"user"`
+	Shell        string            `json:"shell"`
 	Pool         string            `json:"pool"`
 	Session      string            `json:"session"`
 	Limits       limitsView        `json:"limits"`
@@ -68,7 +69,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
-		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User,
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
