@@ -101,9 +101,11 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	if c := r.Limits.CPUMillicores; c != 0 && c < MinCPUMillicores {
 		return Errorf(EINVALID, "limits.cpu_millicores %d is below the minimum of %d.", c, MinCPUMillicores)
 	}
-	if r.BlockUntil < 0 || r.BlockUntil > MaxBlockUntil {
-		return Errorf(EINVALID, "block_until_ms must be between 0 and %d.", MaxBlockUntil.Milliseconds())
+	if r.BlockUntil < 0 {
+		return Errorf(EINVALID, "block_until_ms must not be negative.")
 	}
+	// Clamped, as the agent tools do: a model asking for an hour gets the longest foreground wait.
+	r.BlockUntil = min(r.BlockUntil, MaxBlockUntil)
 	if r.NotifyOnOutput != nil {
 		n := *r.NotifyOnOutput // the caller's value stays as it was
 		if err := n.validate(minDebounce); err != nil {

@@ -353,14 +353,20 @@ type WaitResult struct {
 	Job            *Job
 	Done           bool
 	PatternMatched bool
+	// Matched is the text the pattern matched (at most MaxMatchBytes), at MatchedOffset in the output.
+	Matched       string
+	MatchedOffset int64
 }
 
 // Wait returns when the job ends, when pattern (if any) matches its output so far, or after timeout.
 // While it waits it observes the job: an end it reports is not notified.
+//
+// A timeout above MaxWaitTimeout is clamped to it, as the agent tools do.
 func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pattern *regexp.Regexp) (*WaitResult, error) {
-	if timeout < 0 || timeout > MaxWaitTimeout {
-		return nil, Errorf(EINVALID, "timeout_ms must be between 0 and %d.", MaxWaitTimeout.Milliseconds())
+	if timeout < 0 {
+		return nil, Errorf(EINVALID, "timeout_ms must not be negative.")
 	}
+	timeout = min(timeout, MaxWaitTimeout)
 	s.mu.Lock()
 	l := s.live[id]
 	if l != nil {
@@ -388,12 +394,12 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 			return nil, err
 		}
 		if scan != nil {
-			matched, err := scan.advance(s.out, id, size)
+			m, err := scan.advance(s.out, id, size)
 			if err != nil {
 				return nil, err
 			}
-			if matched {
-				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true}, nil
+			if m != nil {
+				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true, Matched: string(m.text), MatchedOffset: m.offset}, nil
 			}
 		}
 		if changed == nil {

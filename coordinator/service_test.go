@@ -173,7 +173,7 @@ func TestWaitPatternAcrossChunks(t *testing.T) {
 		svc.HandleChunk(ctx, &proto.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")})
 	}()
 	w, err := svc.Wait(ctx, id, 5*time.Second, re)
-	if err != nil || !w.PatternMatched || w.Done {
+	if err != nil || !w.PatternMatched || w.Done || w.Matched != "ready on port 8080" || w.MatchedOffset != 8 {
 		t.Fatalf("wait: %+v, %v", w, err)
 	}
 	w, err = svc.Wait(ctx, id, 50*time.Millisecond, regexp.MustCompile("never"))

@@ -321,14 +321,22 @@ func (cc *clientCmd) status(ctx context.Context, fs *flag.FlagSet, args []string
 
 func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) error {
 	pattern := fs.String("pattern", "", "return when this RE2 pattern matches the output so far")
-	timeout := fs.Duration("timeout", 0, "give up after this long (default: wait for the end)")
-	id, err := oneID(fs, args)
+	timeout := fs.Duration("timeout", 0, "give up after this long (default: wait for the end); without a job id, sleep this long")
+	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
 	if *timeout < 0 {
 		return usageError("wait: --timeout must not be negative")
 	}
+	if len(pos) == 0 && *timeout > 0 && *pattern == "" {
+		_, err := cc.c.Sleep(ctx, *timeout)
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("wait: want one job id (or none, with --timeout, to sleep), got %d arguments", len(pos))
+	}
+	id := pos[0]
 	var deadline time.Time
 	if *timeout > 0 {
 		deadline = time.Now().Add(*timeout)
@@ -358,6 +366,9 @@ func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) 
 		}
 		switch {
 		case w.PatternMatched:
+			if !cc.json && w.Matched != nil {
+				fmt.Fprintln(cc.stdout, *w.Matched)
+			}
 			return nil
 		case w.Done:
 			return exitWith(&w.Job)

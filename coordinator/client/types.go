@@ -120,6 +120,10 @@ type WaitReply struct {
 	Job            Job  `json:"job"`
 	Done           bool `json:"done"`
 	PatternMatched bool `json:"pattern_matched"`
+	// Matched is the text the pattern matched (at most 4096 bytes), MatchedOffset where it starts in
+	// the output; both null without a match.
+	Matched       *string `json:"matched"`
+	MatchedOffset *int64  `json:"matched_offset"`
 }
 
 // JobsQuery selects jobs in a listing; zero fields select everything (Limit 0: the server's

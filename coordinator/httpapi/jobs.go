@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"io"
+	"math"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -48,10 +49,11 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Checked here as well as in the domain: a huge value would overflow time.Duration.
-	if maxMS := coordinator.MaxBlockUntil.Milliseconds(); b.BlockUntilMS < 0 || b.BlockUntilMS > maxMS {
-		s.writeError(w, r, invalid("block_until_ms must be between 0 and %d.", maxMS))
+	if b.BlockUntilMS < 0 {
+		s.writeError(w, r, invalid("block_until_ms must not be negative."))
 		return
 	}
+	b.BlockUntilMS = min(b.BlockUntilMS, coordinator.MaxBlockUntil.Milliseconds())
 	if b.Session == "" {
 		b.Session = r.Header.Get("Sbx-Session")
 	}
@@ -124,12 +126,15 @@ type waitReply struct {
 	Job            *jobView `json:"job"`
 	Done           bool     `json:"done"`
 	PatternMatched bool     `json:"pattern_matched"`
+	// Matched is the text the pattern matched (null without a match), MatchedOffset where it starts.
+	Matched       *string `json:"matched"`
+	MatchedOffset *int64  `json:"matched_offset"`
 }
 
 // handleWait is AwaitShell: it returns when the job ends, when pattern matches its output, or at
 // the timeout. The pattern is RE2 in multiline mode: ^ and $ match at line boundaries.
 func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
-	timeout, err := queryInt(r, "timeout_ms", coordinator.DefaultWait.Milliseconds(), 0, coordinator.MaxWaitTimeout.Milliseconds())
+	timeout, err := waitTimeout(r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -146,9 +151,41 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, waitReply{
-		Job: viewJob(res.Job, time.Now()), Done: res.Done, PatternMatched: res.PatternMatched,
-	})
+	reply := waitReply{Job: viewJob(res.Job, time.Now()), Done: res.Done, PatternMatched: res.PatternMatched}
+	if res.PatternMatched {
+		reply.Matched, reply.MatchedOffset = &res.Matched, &res.MatchedOffset
+	}
+	writeJSON(w, http.StatusOK, reply)
+}
+
+// waitTimeout reads a wait's timeout_ms: default coordinator.DefaultWait, clamped to
+// coordinator.MaxWaitTimeout as the agent tools do.
+func waitTimeout(r *http.Request) (int64, error) {
+	timeout, err := queryInt(r, "timeout_ms", coordinator.DefaultWait.Milliseconds(), 0, math.MaxInt64)
+	return min(timeout, coordinator.MaxWaitTimeout.Milliseconds()), err
+}
+
+type sleepReply struct {
+	SleptMS int64 `json:"slept_ms"`
+}
+
+// handleSleep is AwaitShell without a shell: it returns after timeout_ms (default 30000, clamped as
+// a wait's), or earlier when the client goes away.
+func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request) {
+	timeout, err := waitTimeout(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	start := time.Now()
+	t := time.NewTimer(time.Duration(timeout) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		return
+	}
+	writeJSON(w, http.StatusOK, sleepReply{SleptMS: time.Since(start).Milliseconds()})
 }
 
 func compilePattern(p string) (*regexp.Regexp, error) {

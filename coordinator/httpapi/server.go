@@ -127,6 +127,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/jobs", s.handleJobs)
 	mux.HandleFunc("GET /v1/jobs/{id}", s.handleJob)
 	mux.HandleFunc("GET /v1/jobs/{id}/wait", s.handleWait)
+	mux.HandleFunc("GET /v1/wait", s.handleSleep)
 	mux.HandleFunc("GET /v1/jobs/{id}/output", s.handleOutput)
 	mux.HandleFunc("POST /v1/jobs/{id}/kill", s.handleKill)
 	mux.HandleFunc("GET /v1/notifications", s.handleNotifications)

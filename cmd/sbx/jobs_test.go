@@ -1,0 +1,45 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAgentShell: what an agent's background shell does, through the CLI: bash by default, a wait
+// that prints what its pattern matched, a sleep without a job.
+func TestAgentShell(t *testing.T) {
+	s := startServe(t)
+	if _, err := exec.LookPath("bash"); err == nil {
+		out, err := s.sbx(t, "run", "--wait", "10s", "--", "[[ -n $BASH_VERSION ]] && echo bash")
+		if err != nil || out != "bash\n" {
+			t.Errorf("default shell: %q, %v; want bash", out, err)
+		}
+	}
+	out, err := s.sbx(t, "run", "--shell", "sh", "--wait", "10s", "--", "echo ${BASH_VERSION:-sh}")
+	if err != nil || out != "sh\n" {
+		t.Errorf("--shell sh: %q, %v", out, err)
+	}
+
+	out, err = s.sbx(t, "run", "--", "echo booting; sleep 0.2; echo listening on :8080; sleep 30")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	out, err = s.sbx(t, "wait", "--pattern", `listening on :\d+`, "--timeout", "20s", id)
+	if err != nil || out != "listening on :8080\n" {
+		t.Errorf("wait --pattern: %q, %v; want the matched text", out, err)
+	}
+	if _, err := s.sbx(t, "kill", id); err != nil {
+		t.Error(err)
+	}
+
+	t0 := time.Now()
+	if _, err := s.sbx(t, "wait", "--timeout", "300ms"); err != nil || time.Since(t0) < 300*time.Millisecond {
+		t.Errorf("sleep: %v after %s", err, time.Since(t0))
+	}
+	if _, err := s.sbx(t, "wait"); code(err) != 2 {
+		t.Errorf("wait without id or timeout: %v, want a usage error", err)
+	}
+}
