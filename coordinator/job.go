@@ -53,6 +53,7 @@ type Job struct {
 	Readonly    bool       `json:"readonly"`
 	User        string     `json:"user,omitempty"`
 	Shell       string     `json:"shell,omitempty"`
+	Linger      bool       `json:"linger,omitempty"`
 	Pool        string     `json:"pool"`
 	Status      Status     `json:"status"`
 	Reason      string     `json:"reason,omitempty"`

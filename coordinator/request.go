@@ -29,6 +29,8 @@ type StartRequest struct {
 	Readonly bool
 	// User names the account the job runs as on its runner ("": the runner's default).
 	User string
+	// Linger keeps the job until its output closes, not only until its shell exits.
+	Linger bool
 	// Shell is "sh", "bash" or "" for the runner's default (bash where installed).
 	Shell      string
 	Pool       string

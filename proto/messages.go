@@ -96,6 +96,8 @@ type Work struct {
 	User string `json:"user,omitempty"`
 	// Shell is the shell that runs Command with -c: ShellSh, ShellBash, or "" for the runner's default.
 	Shell string `json:"shell,omitempty"`
+	// Linger keeps the job until its output closes rather than until its shell exits.
+	Linger bool `json:"linger,omitempty"`
 }
 
 // Shells a job may ask for.

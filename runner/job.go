@@ -177,6 +177,7 @@ func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
 	}
 	return r.mgr.Start(sandbox.Spec{
 		Credential: cred,
+		Linger:     w.Linger,
 		ID:         w.JobID,
 		Path:       shell,
 		Args:       []string{filepath.Base(shell), "-c", w.Command},

@@ -50,7 +50,11 @@ type Process struct {
 	mu      sync.Mutex
 	exited  bool           // the main process is reaped: its pid may be reused, never signal it
 	killing bool           // Kill has started escalate
+	killAt  time.Time      // when a kill's grace ends and everything left gets SIGKILL
+	kicked  chan struct{}  // closed by the first Kill
 	escal   sync.WaitGroup // escalate, which Wait waits for
+	// linger keeps the job after its main process exits, until its output closes (Spec.Linger).
+	linger bool
 
 	// killMu serialises cgroup kills between escalate and the finishing goroutine.
 	killMu sync.Mutex
@@ -102,7 +106,10 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		w.Close()
 		return fail(err)
 	}
-	p := &Process{g: g, grace: grace, out: &output{f: r}, done: make(chan struct{}), release: release}
+	p := &Process{
+		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{})}, done: make(chan struct{}),
+		kicked: make(chan struct{}), release: release, linger: spec.Linger,
+	}
 	startErr := make(chan error, 1)
 	go p.run(cmd, w, started, startErr)
 	if err := <-startErr; err != nil {
@@ -143,7 +150,9 @@ func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, star
 }
 
 // finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
-// when its shell ends), then the usage is read and the cgroup removed.
+// when its shell ends), then the usage is read and the cgroup removed. A lingering job first waits
+// until its output closes or it is killed; a job being killed first lets what is left use the rest
+// of the kill's grace, so that a child's SIGTERM handler is not cut off when the shell dies first.
 func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, error) {
 	var res Result
 	var errs []error
@@ -159,6 +168,21 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 			res.Signal = int(ws.Signal())
 			res.ExitCode = 128 + res.Signal
 		}
+	}
+	p.mu.Lock()
+	linger := p.linger
+	p.mu.Unlock()
+	if linger {
+		select {
+		case <-p.out.closed:
+		case <-p.kicked:
+		}
+	}
+	p.mu.Lock()
+	killing, killAt := p.killing, p.killAt
+	p.mu.Unlock()
+	if killing {
+		waitEmptyUntil(g.pids, killAt)
 	}
 	p.killMu.Lock()
 	kerr := g.kill()
@@ -204,28 +228,45 @@ func (p *Process) Signal(sig syscall.Signal) error {
 	return nil
 }
 
-// Kill sends SIGTERM to the process group and returns. After KillGrace, if the main process still
-// runs, the group gets SIGKILL and everything left in the cgroup is killed, so setsid'd and
-// daemonised descendants die too. Kill is safe to call more than once and concurrently with Wait;
-// after the main process has exited it does nothing, as Wait is already killing the rest.
+// Kill sends SIGTERM to the job and returns: to the main process's group and to every other process
+// in the cgroup (a child in its own session, a readonly command inside bwrap). When KillGrace has
+// passed, whatever is left in the cgroup is killed, so setsid'd and daemonised descendants die too;
+// the grace covers the whole job, also when the main process exits before it. Kill is safe to call
+// more than once and concurrently with Wait; after the job is over it does nothing.
 func (p *Process) Kill() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.exited {
-		return nil
-	}
 	if !p.killing {
 		p.killing = true
+		p.killAt = time.Now().Add(p.grace)
+		close(p.kicked)
 		p.escal.Add(1)
 		go p.escalate()
 	}
-	if err := unix.Kill(-p.pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("kill: %w", err)
+	g := p.g
+	p.mu.Unlock()
+	select {
+	case <-p.done:
+		return nil
+	default:
 	}
-	return nil
+	// Each process once, whatever its group; the group alone is what is left if listing fails.
+	serr := g.signal(unix.SIGTERM)
+	if serr == nil || removed(serr) {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.exited {
+		if err := unix.Kill(-p.pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("kill: %w", errors.Join(serr, err))
+		}
+	}
+	return fmt.Errorf("kill: %w", serr)
 }
 
-// escalate is Kill's second stage, run once per Process and waited for by Wait.
+// escalate is Kill's second stage, run once per Process and waited for by Wait: at the end of the
+// grace, a main process still running gets SIGKILL with its group and everything in the cgroup. Once
+// the main process has exited, finish does that at the same moment instead.
 func (p *Process) escalate() {
 	defer p.escal.Done()
 	t := time.NewTimer(p.grace)
@@ -263,8 +304,9 @@ func (p *Process) Wait() (Result, error) {
 // output is the read end of the job's pipe; it closes itself at EOF, which the caller is told to
 // read to, so that the descriptor does not outlive the job.
 type output struct {
-	f   *os.File
-	eof bool
+	f      *os.File
+	eof    bool
+	closed chan struct{} // closed at EOF: every process has closed the pipe
 }
 
 // SetReadDeadline sets the deadline for pending and future Reads; the zero time clears it. After EOF
@@ -279,6 +321,7 @@ func (o *output) Read(b []byte) (int, error) {
 	if err == io.EOF {
 		o.eof = true
 		o.f.Close()
+		close(o.closed)
 	}
 	return n, err
 }

@@ -176,6 +176,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.Float64Var(&cpus, "cpus", 0, "CPU limit in CPUs, e.g. 1.5")
 	fs.StringVar(&req.Session, "session", "", "session of the job")
 	fs.StringVar(&req.Pool, "pool", "", "pool of runners")
+	fs.BoolVar(&req.Linger, "linger", false, "keep the job until its output closes (background children printing), not only until its shell exits")
 	fs.StringVar(&req.Shell, "shell", "", "sh or bash (default: the runner's, bash where installed)")
 	fs.StringVar(&req.User, "user", "", "user the job runs as (default: the runner's; the runner must allow it)")
 	fs.Var(envList(req.Env), "env", "K=V added to the job's environment (repeatable)")

@@ -35,6 +35,29 @@ func TestAgentShell(t *testing.T) {
 		t.Error(err)
 	}
 
+	out, err = s.sbx(t, "run", "--linger", "--wait", "10s", "--", "(sleep 0.3; echo late) & echo early")
+	if err != nil || out != "early\nlate\n" {
+		t.Errorf("--linger: %q, %v; want the background child's line too", out, err)
+	}
+
+	// A kill gives the job's children their grace, after the shell died of its SIGTERM.
+	out, err = s.sbx(t, "run", "--", "(trap 'sleep 0.3; echo cleaned up; exit 0' TERM; while :; do sleep 0.05; done) & echo ready; wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = strings.TrimSpace(out)
+	if _, err := s.sbx(t, "wait", "--pattern", "ready", "--timeout", "20s", id); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := s.sbx(t, "kill", id); err != nil {
+		t.Fatal(err)
+	}
+	s.sbx(t, "wait", id)
+	if out, _ := s.sbx(t, "logs", id); !strings.Contains(out, "cleaned up") {
+		t.Errorf("logs after kill: %q, want the child's cleanup", out)
+	}
+
 	t0 := time.Now()
 	if _, err := s.sbx(t, "wait", "--timeout", "300ms"); err != nil || time.Since(t0) < 300*time.Millisecond {
 		t.Errorf("sleep: %v after %s", err, time.Since(t0))

@@ -25,6 +25,7 @@ type Job struct {
 	Readonly bool   `json:"readonly"`
 	User     string `json:"user"`
 	Shell    string `json:"shell"`
+	Linger   bool   `json:"linger"`
 	Pool     string `json:"pool"`
 	Status   string `json:"status"`
 	// QueuedReason says why a queued job has not started yet.
@@ -77,6 +78,7 @@ type StartRequest struct {
 	Readonly bool              `json:"readonly,omitempty"`
 	User     string            `json:"user,omitempty"`
 	Shell    string            `json:"shell,omitempty"`
+	Linger   bool              `json:"linger,omitempty"`
 	Pool     string            `json:"pool,omitempty"`
 	Session  string            `json:"session,omitempty"`
 	Limits   *Limits           `json:"limits,omitempty"`

@@ -24,6 +24,7 @@ type startBody struct {
 	Readonly     bool              `json:"readonly"`
 	User         string            `json:"user"`
 	Shell        string            `json:"shell"`
+	Linger       bool              `json:"linger"`
 	Pool         string            `json:"pool"`
 	Session      string            `json:"session"`
 	Limits       limitsView        `json:"limits"`
@@ -71,7 +72,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
-		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell,
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
