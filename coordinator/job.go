@@ -54,6 +54,7 @@ type Job struct {
 	User        string     `json:"user,omitempty"`
 	Shell       string     `json:"shell,omitempty"`
 	Linger      bool       `json:"linger,omitempty"`
+	Stdin       bool       `json:"stdin,omitempty"`
 	Pool        string     `json:"pool"`
 	Status      Status     `json:"status"`
 	Reason      string     `json:"reason,omitempty"`

@@ -31,6 +31,8 @@ type StartRequest struct {
 	User string
 	// Linger keeps the job until its output closes, not only until its shell exits.
 	Linger bool
+	// Stdin gives the job an input pipe, written with Input; else it reads /dev/null.
+	Stdin bool
 	// Shell is "sh", "bash" or "" for the runner's default (bash where installed).
 	Shell      string
 	Pool       string

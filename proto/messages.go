@@ -98,6 +98,8 @@ type Work struct {
 	Shell string `json:"shell,omitempty"`
 	// Linger keeps the job until its output closes rather than until its shell exits.
 	Linger bool `json:"linger,omitempty"`
+	// Stdin gives the job a pipe as its standard input, written through OpStdin; else /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
 }
 
 // Shells a job may ask for.
@@ -342,7 +344,12 @@ const (
 	OpKill   = "kill"
 	OpSignal = "signal"
 	OpPing   = "ping"
+	// OpStdin writes Data to the job's standard input, then closes it when Close is set.
+	OpStdin = "stdin"
 )
+
+// MaxStdinBytes bounds the input one OpStdin request carries.
+const MaxStdinBytes = 64 << 10
 
 // Control is a request to the runner that owns a job, on ControlSubject.
 type Control struct {
@@ -351,6 +358,9 @@ type Control struct {
 	JobID string `json:"job_id,omitempty"`
 	// Signal names the signal for OpSignal ("INT", "HUP", ...).
 	Signal string `json:"signal,omitempty"`
+	// Data and Close are OpStdin's: bytes for the job's input, and whether to close it after them.
+	Data  []byte `json:"data,omitempty"`
+	Close bool   `json:"close,omitempty"`
 }
 
 // Signals a control request may name.
@@ -365,6 +375,10 @@ func (c *Control) Validate() error {
 	case OpPing:
 		return nil
 	case OpKill:
+	case OpStdin:
+		if len(c.Data) > MaxStdinBytes {
+			return invalid("stdin data of %d bytes, at most %d", len(c.Data), MaxStdinBytes)
+		}
 	case OpSignal:
 		if _, ok := Signals[c.Signal]; !ok {
 			return invalid("signal %q is not one of HUP INT QUIT KILL USR1 USR2 TERM CONT STOP", c.Signal)
@@ -398,6 +412,8 @@ const (
 	ReplyUnknownJob = "unknown_job"
 	// ReplyInvalid: the request did not decode.
 	ReplyInvalid = "invalid"
+	// ReplyRefused: the job cannot do what was asked (its input is closed, or it reads none).
+	ReplyRefused = "refused"
 )
 
 // ControlReply answers a Control request.
@@ -414,7 +430,7 @@ func DecodeControlReply(data []byte) (*ControlReply, error) {
 		return nil, err
 	}
 	switch r.Code {
-	case ReplyOK, ReplyUnknownJob, ReplyInvalid:
+	case ReplyOK, ReplyUnknownJob, ReplyInvalid, ReplyRefused:
 	default:
 		return nil, invalid("reply code %q is unknown", r.Code)
 	}

@@ -116,12 +116,17 @@ func TestChunkRoundTrip(t *testing.T) {
 }
 
 func TestControlValidate(t *testing.T) {
-	for _, c := range []Control{{V: 1, Op: OpKill, JobID: "j"}, {V: 1, Op: OpSignal, JobID: "j", Signal: "INT"}, {V: 1, Op: OpPing}} {
-		if _, err := DecodeControl(Encode(&c)); err != nil {
+	for _, c := range []Control{{V: 1, Op: OpKill, JobID: "j"}, {V: 1, Op: OpSignal, JobID: "j", Signal: "INT"}, {V: 1, Op: OpPing},
+		{V: 1, Op: OpStdin, JobID: "j", Data: []byte("y\n\x00\xff")}, {V: 1, Op: OpStdin, JobID: "j", Close: true}} {
+		got, err := DecodeControl(Encode(&c))
+		if err != nil {
 			t.Errorf("%+v: %v", c, err)
+		} else if string(got.Data) != string(c.Data) || got.Close != c.Close {
+			t.Errorf("%+v came back as %+v", c, got)
 		}
 	}
-	for _, c := range []Control{{V: 1, Op: OpKill}, {V: 1, Op: OpSignal, JobID: "j", Signal: "SEGV"}, {V: 1, Op: "reboot", JobID: "j"}} {
+	for _, c := range []Control{{V: 1, Op: OpKill}, {V: 1, Op: OpSignal, JobID: "j", Signal: "SEGV"}, {V: 1, Op: "reboot", JobID: "j"},
+		{V: 1, Op: OpStdin, JobID: "j", Data: make([]byte, MaxStdinBytes+1)}, {V: 1, Op: OpStdin, Data: []byte("x")}} {
 		if _, err := DecodeControl(Encode(&c)); err == nil {
 			t.Errorf("%+v accepted", c)
 		}

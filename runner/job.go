@@ -31,6 +31,10 @@ type job struct {
 	proc   *sandbox.Process // nil until started
 	reason string           // why the runner stopped it; "" while it was not stopped
 	why    string
+
+	// inMu serialises writes to the job's input; inClosed is set once it is closed.
+	inMu     sync.Mutex
+	inClosed bool
 }
 
 // stop ends the job for a reason; the first reason given is the one reported.
@@ -178,6 +182,7 @@ func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
 	return r.mgr.Start(sandbox.Spec{
 		Credential: cred,
 		Linger:     w.Linger,
+		Stdin:      w.Stdin,
 		ID:         w.JobID,
 		Path:       shell,
 		Args:       []string{filepath.Base(shell), "-c", w.Command},

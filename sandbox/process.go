@@ -38,6 +38,7 @@ type Process struct {
 	g     group
 	grace time.Duration
 	out   *output
+	in    *os.File // the write end of the job's stdin (Spec.Stdin); nil when it reads /dev/null
 
 	done   chan struct{} // closed when result and err are set and the cgroup is gone
 	result Result
@@ -100,20 +101,40 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		// v1's prepare moves it into the init step, which drops to it after joining the cgroup.
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
 	}
+	// The parent's ends the child gets: closed once it has started, so that EOF means what it says.
+	childEnds := []*os.File{w}
+	var in *os.File
+	if spec.Stdin {
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			r.Close()
+			w.Close()
+			return fail(fmt.Errorf("input pipe: %w", err))
+		}
+		cmd.Stdin, in = inR, inW
+		childEnds = append(childEnds, inR)
+	}
 	started, err := prepare(cmd)
 	if err != nil {
 		r.Close()
-		w.Close()
+		for _, f := range append(childEnds, in) {
+			if f != nil {
+				f.Close()
+			}
+		}
 		return fail(err)
 	}
 	p := &Process{
-		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{})}, done: make(chan struct{}),
+		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{})}, in: in, done: make(chan struct{}),
 		kicked: make(chan struct{}), release: release, linger: spec.Linger,
 	}
 	startErr := make(chan error, 1)
-	go p.run(cmd, w, started, startErr)
+	go p.run(cmd, childEnds, started, startErr)
 	if err := <-startErr; err != nil {
 		r.Close()
+		if in != nil {
+			in.Close()
+		}
 		return fail(err)
 	}
 	return p, nil
@@ -121,12 +142,15 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 
 // run is the goroutine that owns the main process: it starts it on a locked thread, reports the
 // start on startErr, then waits for it and finishes the job.
-func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, startErr chan<- error) {
+func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) error, startErr chan<- error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	err := started(cmd.Start())
-	// The parent's write end must go now, so that EOF arrives once every process in the cgroup is dead.
-	w.Close()
+	// The parent's copies of the child's ends go now: the output's write end so that EOF arrives once
+	// every process in the cgroup is dead, the input's read end so that a closed input is EOF.
+	for _, f := range childEnds {
+		f.Close()
+	}
 	if err != nil {
 		if cmd.Process != nil {
 			// The v1 init step failed to join or exec and is exiting; the kill only makes sure.
@@ -145,6 +169,9 @@ func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, star
 	g, release := p.g, p.release
 	p.mu.Unlock()
 	p.result, p.err = p.finish(g, cmd.ProcessState, werr)
+	if p.in != nil {
+		p.in.Close() // nothing is left to read it
+	}
 	release()
 	close(p.done)
 }
@@ -203,6 +230,11 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 
 // Pid is the main process's pid, which is also its process group id.
 func (p *Process) Pid() int { return p.pid }
+
+// Input is the write end of the job's standard input when Spec.Stdin asked for one, else nil. The
+// job sees EOF when it is closed; it is closed when the job is over. Writes block while the job does
+// not read (it has SetWriteDeadline, as *os.File does).
+func (p *Process) Input() *os.File { return p.in }
 
 // Output is one pipe carrying stdout and stderr interleaved in the order written. Nothing is
 // buffered inside sandbox: a job blocks on write while the caller does not read, so read it

@@ -56,6 +56,8 @@ func cmdClient(ctx context.Context, name string, args []string, getenv func(stri
 		err = cc.runners(ctx, fs, args)
 	case "events":
 		err = cc.events(ctx, fs, args)
+	case "send":
+		err = cc.send(ctx, fs, args)
 	case "end-session":
 		err = cc.endSession(ctx, fs, args)
 	}
@@ -176,6 +178,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.Float64Var(&cpus, "cpus", 0, "CPU limit in CPUs, e.g. 1.5")
 	fs.StringVar(&req.Session, "session", "", "session of the job")
 	fs.StringVar(&req.Pool, "pool", "", "pool of runners")
+	fs.BoolVar(&req.Stdin, "stdin", false, "give the job an input pipe (sbx send writes to it) instead of /dev/null")
 	fs.BoolVar(&req.Linger, "linger", false, "keep the job until its output closes (background children printing), not only until its shell exits")
 	fs.StringVar(&req.Shell, "shell", "", "sh or bash (default: the runner's, bash where installed)")
 	fs.StringVar(&req.User, "user", "", "user the job runs as (default: the runner's; the runner must allow it)")
@@ -394,6 +397,28 @@ func (cc *clientCmd) logs(ctx context.Context, fs *flag.FlagSet, args []string) 
 	}
 	_, err = cc.stdout.Write(out)
 	return err
+}
+
+// send writes its words, joined by spaces, and a newline to a job's input: what a person types at a
+// prompt. --no-newline leaves the newline out, --close closes the input afterwards (EOF).
+func (cc *clientCmd) send(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	noNewline := fs.Bool("no-newline", false, "do not end the text with a newline")
+	closeIt := fs.Bool("close", false, "close the job's input after the text (EOF)")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usageError("send: want a job id and the text, e.g. sbx send ID y")
+	}
+	id, text := pos[0], strings.Join(pos[1:], " ")
+	if len(pos) > 1 && !*noNewline {
+		text += "\n"
+	}
+	if text == "" && !*closeIt {
+		return usageError("send: give the text to send, or --close")
+	}
+	return cc.c.Input(ctx, id, text, *closeIt)
 }
 
 func (cc *clientCmd) kill(ctx context.Context, fs *flag.FlagSet, args []string) error {

@@ -66,3 +66,42 @@ func TestAgentShell(t *testing.T) {
 		t.Errorf("wait without id or timeout: %v, want a usage error", err)
 	}
 }
+
+// TestStdin: a job started with --stdin waits at a prompt, and sbx send answers it; a job without
+// stdin, an ended job and an oversized send are refused with the reason.
+func TestStdin(t *testing.T) {
+	s := startServe(t)
+	out, err := s.sbx(t, "run", "--stdin", "--", `printf 'Overwrite? (y/n) '; read answer; echo "answer=$answer"; cat; echo eof`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	if _, err := s.sbx(t, "send", id, "y"); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	if _, err := s.sbx(t, "send", "--no-newline", id, "more"); err != nil {
+		t.Fatalf("send --no-newline: %v", err)
+	}
+	if _, err := s.sbx(t, "send", "--close", id, "text"); err != nil {
+		t.Fatalf("send --close: %v", err)
+	}
+	if _, err := s.sbx(t, "wait", "--timeout", "20s", id); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	if out, _ := s.sbx(t, "logs", id); out != "Overwrite? (y/n) answer=y\nmoretext\neof\n" {
+		t.Errorf("logs %q", out)
+	}
+	if _, err := s.sbx(t, "send", id, "late"); err == nil || !strings.Contains(err.Error(), "ended") {
+		t.Errorf("send to an ended job: %v", err)
+	}
+
+	out, _ = s.sbx(t, "run", "--", "sleep 30")
+	id = strings.TrimSpace(out)
+	if _, err := s.sbx(t, "send", id, "y"); err == nil || !strings.Contains(err.Error(), "stdin") {
+		t.Errorf("send to a job without stdin: %v", err)
+	}
+	s.sbx(t, "kill", id)
+	if err := s.c.Input(t.Context(), id, strings.Repeat("x", 64<<10+1), false); err == nil {
+		t.Error("an oversized send was accepted")
+	}
+}

@@ -85,6 +85,17 @@ func (c *Client) Wait(ctx context.Context, id string, timeout time.Duration, pat
 	return &r, nil
 }
 
+// Input writes data to the standard input of a job started with Stdin, then closes it (EOF) when
+// closeIt is set (POST /v1/jobs/{id}/stdin).
+func (c *Client) Input(ctx context.Context, id, data string, closeIt bool) error {
+	body := struct {
+		Data  string `json:"data"`
+		Close bool   `json:"close"`
+	}{data, closeIt}
+	_, err := c.Do(ctx, "POST", jobPath(id, "/stdin"), body)
+	return err
+}
+
 // Sleep waits timeout on the server (GET /v1/wait): AwaitShell without a job. It returns how long
 // the server slept.
 func (c *Client) Sleep(ctx context.Context, timeout time.Duration) (time.Duration, error) {

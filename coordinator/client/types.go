@@ -26,6 +26,7 @@ type Job struct {
 	User     string `json:"user"`
 	Shell    string `json:"shell"`
 	Linger   bool   `json:"linger"`
+	Stdin    bool   `json:"stdin"`
 	Pool     string `json:"pool"`
 	Status   string `json:"status"`
 	// QueuedReason says why a queued job has not started yet.
@@ -79,6 +80,7 @@ type StartRequest struct {
 	User     string            `json:"user,omitempty"`
 	Shell    string            `json:"shell,omitempty"`
 	Linger   bool              `json:"linger,omitempty"`
+	Stdin    bool              `json:"stdin,omitempty"`
 	Pool     string            `json:"pool,omitempty"`
 	Session  string            `json:"session,omitempty"`
 	Limits   *Limits           `json:"limits,omitempty"`

@@ -25,6 +25,7 @@ type startBody struct {
 	User         string            `json:"user"`
 	Shell        string            `json:"shell"`
 	Linger       bool              `json:"linger"`
+	Stdin        bool              `json:"stdin"`
 	Pool         string            `json:"pool"`
 	Session      string            `json:"session"`
 	Limits       limitsView        `json:"limits"`
@@ -72,7 +73,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
-		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger,
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, Stdin: b.Stdin,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
@@ -288,4 +289,34 @@ func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, killReply{Job: viewJob(job, time.Now())})
+}
+
+// stdinBody is the body of POST /v1/jobs/{id}/stdin: text for the job's input, and whether to close
+// the input after it (EOF).
+type stdinBody struct {
+	Data  string `json:"data"`
+	Close bool   `json:"close"`
+}
+
+type stdinReply struct {
+	Written int  `json:"written"`
+	Closed  bool `json:"closed"`
+}
+
+// handleStdin writes to the standard input of a job started with stdin: true.
+func (s *Server) handleStdin(w http.ResponseWriter, r *http.Request) {
+	var b stdinBody
+	if err := decodeBody(w, r, &b, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if b.Data == "" && !b.Close {
+		s.writeError(w, r, invalid("data is empty and close is false: send text, or close: true for EOF."))
+		return
+	}
+	if err := s.svc.Input(r.Context(), r.PathValue("id"), []byte(b.Data), b.Close); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, stdinReply{Written: len(b.Data), Closed: b.Close})
 }

@@ -19,6 +19,7 @@ type jobView struct {
 	User     string `json:"user"`
 	Shell    string `json:"shell"`
 	Linger   bool   `json:"linger"`
+	Stdin    bool   `json:"stdin"`
 	Pool     string `json:"pool"`
 	Status   string `json:"status"`
 	// QueuedReason says why a queued job has not started yet; null otherwise.
@@ -76,7 +77,7 @@ func utc(t *time.Time) *time.Time {
 func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	v := &jobView{
 		ID: j.ID, Session: j.Session, Title: j.Title, Command: j.Command, Cwd: j.Cwd,
-		Readonly: j.Readonly, User: j.User, Shell: j.Shell, Linger: j.Linger, Pool: j.Pool, Status: string(j.Status), Reason: j.Reason,
+		Readonly: j.Readonly, User: j.User, Shell: j.Shell, Linger: j.Linger, Stdin: j.Stdin, Pool: j.Pool, Status: string(j.Status), Reason: j.Reason,
 		Runner: j.Runner, CreatedAt: j.CreatedAt.UTC(), StartedAt: utc(j.StartedAt),
 		EndedAt: utc(j.EndedAt), ElapsedMS: j.ElapsedMS(now), OutputBytes: j.OutputBytes,
 		OutputPath: j.OutputPath, Error: j.Error,
