@@ -52,6 +52,9 @@ type Job struct {
 	Cwd         string     `json:"cwd"`
 	Readonly    bool       `json:"readonly"`
 	User        string     `json:"user,omitempty"`
+	Shell       string     `json:"shell,omitempty"`
+	Linger      bool       `json:"linger,omitempty"`
+	Stdin       bool       `json:"stdin,omitempty"`
 	Pool        string     `json:"pool"`
 	Status      Status     `json:"status"`
 	Reason      string     `json:"reason,omitempty"`
@@ -78,6 +81,9 @@ type Job struct {
 	NotificationFormat Format `json:"notification_format,omitempty"`
 	// Observed is set when the end was seen by a waiting caller, so no finished notification was sent.
 	Observed bool `json:"observed,omitempty"`
+	// QueuedReason says why a queued job waits, from what the coordinator knows of the runners at the
+	// time it is read; it is not stored.
+	QueuedReason string `json:"-"`
 }
 
 // ElapsedMS is the time from start to end (or to now while running); 0 before the start.

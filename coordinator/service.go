@@ -222,7 +222,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	now := s.cfg.Now()
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Cwd: req.Cwd,
-		Readonly: req.Readonly, User: req.User, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
 		NotificationFormat: req.NotificationFormat,
 	}
@@ -235,7 +235,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job.OutputPath = s.out.Path(job.ID)
 	work := &proto.Work{
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
-		Readonly: job.Readonly, User: job.User, Pool: job.Pool, Limits: job.Limits,
+		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
 	}
 
 	s.mu.Lock()
@@ -293,6 +293,7 @@ func (s *Service) snapshot(id string, fallback *Job) *Job {
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
+		j.QueuedReason = s.queuedReasonLocked(&j)
 		return &j
 	}
 	j := *fallback
@@ -333,6 +334,7 @@ func (s *Service) watch(ctx context.Context, id string) (*Job, int64, <-chan str
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
+		j.QueuedReason = s.queuedReasonLocked(&j)
 		size, ch := l.size, l.changed
 		s.mu.Unlock()
 		return &j, size, ch, nil
@@ -353,14 +355,20 @@ type WaitResult struct {
 	Job            *Job
 	Done           bool
 	PatternMatched bool
+	// Matched is the text the pattern matched (at most MaxMatchBytes), at MatchedOffset in the output.
+	Matched       string
+	MatchedOffset int64
 }
 
 // Wait returns when the job ends, when pattern (if any) matches its output so far, or after timeout.
 // While it waits it observes the job: an end it reports is not notified.
+//
+// A timeout above MaxWaitTimeout is clamped to it, as the agent tools do.
 func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pattern *regexp.Regexp) (*WaitResult, error) {
-	if timeout < 0 || timeout > MaxWaitTimeout {
-		return nil, Errorf(EINVALID, "timeout_ms must be between 0 and %d.", MaxWaitTimeout.Milliseconds())
+	if timeout < 0 {
+		return nil, Errorf(EINVALID, "timeout_ms must not be negative.")
 	}
+	timeout = min(timeout, MaxWaitTimeout)
 	s.mu.Lock()
 	l := s.live[id]
 	if l != nil {
@@ -388,12 +396,12 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 			return nil, err
 		}
 		if scan != nil {
-			matched, err := scan.advance(s.out, id, size)
+			m, err := scan.advance(s.out, id, size)
 			if err != nil {
 				return nil, err
 			}
-			if matched {
-				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true}, nil
+			if m != nil {
+				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true, Matched: string(m.text), MatchedOffset: m.offset}, nil
 			}
 		}
 		if changed == nil {
