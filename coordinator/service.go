@@ -45,8 +45,8 @@ type Config struct {
 	RetainAge         time.Duration
 	RetainBytes       int64
 	RetentionInterval time.Duration
-	Now            func() time.Time
-	Logger         *slog.Logger
+	Now               func() time.Time
+	Logger            *slog.Logger
 }
 
 func (c *Config) setDefaults() {

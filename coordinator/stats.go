@@ -9,10 +9,10 @@ type Stats struct {
 	JobsRemoved          int64
 	NotificationsRemoved int64
 	OutputStored         int64
-	Events      int64
-	OutputBytes int64
-	JobsLive    int
-	Runners     int
+	Events               int64
+	OutputBytes          int64
+	JobsLive             int
+	Runners              int
 }
 
 // Stats returns a copy of the counters.
