@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -62,6 +63,7 @@ func newLogger(stderr io.Writer) *slog.Logger {
 type coordinatorFlags struct {
 	listen, data, tokenFile string
 	stallAfter              time.Duration
+	mcpMaxBlock             time.Duration
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -69,6 +71,7 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.StringVar(&c.data, "data", defaultDataDir(getenv), "data directory")
 	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the bearer token every /v1 call must carry")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
+	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -231,6 +234,9 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 	if err != nil {
 		return err
 	}
+	if err := checkMaxBlock("--mcp-max-block", cf.mcpMaxBlock); err != nil {
+		return err
+	}
 	db, err := store.Open(filepath.Join(cf.data, "sbx.db"))
 	if err != nil {
 		return err
@@ -253,7 +259,11 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := httpapi.NewServer(svc, httpapi.Config{Token: token, Logger: log, Ready: bus.Ready, Version: version})
+	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log})
+	defer mcpHTTP.close()
+	srv := httpapi.NewServer(svc, httpapi.Config{Token: token, Logger: log, Ready: bus.Ready, Version: version,
+		Mount: map[string]http.Handler{"/mcp": mcpHTTP}})
+	mcpHTTP.API = srv.Handler()
 	srv.Open(ln)
 
 	var wg sync.WaitGroup
