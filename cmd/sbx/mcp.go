@@ -59,10 +59,10 @@ func (c mcpConfig) withDefaults() mcpConfig {
 // mcpHost owns what outlives one tool call: the goroutines that push each MCP session's
 // notifications. close ends them and the sessions they serve.
 type mcpHost struct {
-	cfg    mcpConfig
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cfg     mcpConfig
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 	mu      sync.Mutex
 	pushing map[*mcp.ServerSession]bool // sessions with a pusher
 	// schemas keeps the tools' JSON schemas across the servers of HTTP sessions.
