@@ -94,6 +94,27 @@ func testMCPHTTP(t *testing.T, addr, token, cwd string) {
 	if n.Session != "http" {
 		t.Errorf("session %q, want the Sbx-Session header's", n.Session)
 	}
+
+	// A client without the GET stream cannot receive pushes; its session goes on regardless.
+	mc, m = newMCPClient(nil)
+	quiet, err := mc.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc, DisableStandaloneSSE: true}, &mcp.ClientSessionOptions{ProtocolVersion: mcpLegacy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quiet.Close()
+	if err := quiet.SetLoggingLevel(t.Context(), &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+		t.Fatal(err)
+	}
+	_, res := call[mcpJobResult](t, quiet, "run", map[string]any{"command": "exit 1", "cwd": cwd})
+	_, page := call[client.Notifications](t, quiet, "notifications", map[string]any{"wait_ms": 10000})
+	if len(page.Notifications) != 1 || page.Notifications[0].JobID != res.Job.ID {
+		t.Fatalf("notifications: %+v", page)
+	}
+	time.Sleep(100 * time.Millisecond) // the push was tried
+	if _, page = call[client.Notifications](t, quiet, "notifications", nil); len(page.Notifications) != 1 {
+		t.Errorf("notifications after a failed push: %+v", page)
+	}
+	call[any](t, quiet, "ack", map[string]any{"seq": page.Next})
 }
 
 // driveMCP walks through what an agent does with a dev server: start it in the background, wait

@@ -28,6 +28,8 @@ const (
 
 // startPusher pushes the notifications of c's session to ss as they are stored, until ss closes or
 // h closes (which closes ss). It starts at the session's acked cursor and never acks: see push.
+// It runs only for sessions opened by initialize (protocol versions up to 2025-11-25, which Claude
+// Code and Cursor speak): a later client has no session to push to outside a call.
 func (h *mcpHost) startPusher(ss *mcp.ServerSession, c *client.Client, raw *rawTransport) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -72,11 +74,10 @@ func (h *mcpHost) push(ctx context.Context, ss *mcp.ServerSession, c *client.Cli
 			continue
 		}
 		for _, n := range page.Notifications {
-			if err := sendNotification(ctx, ss, raw, &n); err != nil {
-				if ctx.Err() == nil {
-					h.cfg.Logger.Warn("mcp: push a notification", "seq", n.Seq, "err", err)
-				}
-				return // the connection failed
+			// A push that fails is not retried: over HTTP, a client without an open GET stream
+			// has nowhere to receive it, and its session goes on. The notification stays unacked.
+			if err := sendNotification(ctx, ss, raw, &n); err != nil && ctx.Err() == nil {
+				h.cfg.Logger.Debug("mcp: push a notification", "seq", n.Seq, "err", err)
 			}
 		}
 		next := page.Next
