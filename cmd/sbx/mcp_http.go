@@ -51,7 +51,10 @@ func (m *mcpHTTP) close() { m.host.close() }
 // server returns the MCP server of a new session: its client carries the token and the session
 // (header Sbx-Session, else the API's default) of the request that opened it.
 func (m *mcpHTTP) server(r *http.Request) *mcp.Server {
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		token = ""
+	}
 	c := client.New("http://"+r.Host, token)
 	c.HTTPClient = &http.Client{Transport: &handlerTransport{handler: m.API, remoteAddr: r.RemoteAddr}}
 	c.Session = r.Header.Get("Sbx-Session")
