@@ -13,8 +13,12 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/client"
 )
 
-// mcpDefaultWait is wait's timeout when the call gives none, the API's default.
-const mcpDefaultWait = 30 * time.Second
+const (
+	// mcpDefaultWait is wait's timeout when the call gives none, the API's default.
+	mcpDefaultWait = 30 * time.Second
+	// mcpListLimit is how many jobs list shows when the call does not say.
+	mcpListLimit = 20
+)
 
 // Tool inputs. Every field but the ids and the command is optional: the JSON schema the SDK derives
 // marks a field required unless it is omitempty.
@@ -51,7 +55,7 @@ type (
 	mcpList struct {
 		Session string `json:"session,omitempty" jsonschema:"only this session's jobs"`
 		Status  string `json:"status,omitempty" jsonschema:"only jobs in this status: queued, running, succeeded, failed or aborted"`
-		Limit   int    `json:"limit,omitempty" jsonschema:"at most this many, newest first (default 100, at most 1000)"`
+		Limit   int    `json:"limit,omitempty" jsonschema:"at most this many, newest first (default 20, at most 1000)"`
 	}
 	mcpWait struct {
 		ID        string `json:"id" jsonschema:"the job id"`
@@ -306,7 +310,9 @@ func (t *mcpTools) status(ctx context.Context, _ *mcp.CallToolRequest, in mcpJob
 }
 
 func (t *mcpTools) list(ctx context.Context, _ *mcp.CallToolRequest, in mcpList) (*mcp.CallToolResult, any, error) {
-	return t.api(ctx, "GET", client.JobsPath(client.JobsQuery{Session: in.Session, Status: in.Status, Limit: in.Limit}), nil)
+	// Fewer than the API's 100 by default: a listing goes into a model's context.
+	limit := cmp.Or(in.Limit, mcpListLimit)
+	return t.api(ctx, "GET", client.JobsPath(client.JobsQuery{Session: in.Session, Status: in.Status, Limit: limit}), nil)
 }
 
 func (t *mcpTools) kill(ctx context.Context, _ *mcp.CallToolRequest, in mcpKill) (*mcp.CallToolResult, any, error) {
