@@ -59,18 +59,20 @@ func (c mcpConfig) withDefaults() mcpConfig {
 // mcpHost owns what outlives one tool call: the goroutines that push each MCP session's
 // notifications. close ends them and the sessions they serve.
 type mcpHost struct {
-	cfg     mcpConfig
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	pushing map[*mcp.ServerSession]bool // sessions with a pusher
+	cfg    mcpConfig
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	// pushers holds the sessions with a pusher, each with the channel closed when its client sets a
+	// log level.
+	pushers map[*mcp.ServerSession]chan struct{}
 	// schemas keeps the tools' JSON schemas across the servers of HTTP sessions.
 	schemas *mcp.SchemaCache
 }
 
 func newMCPHost(ctx context.Context, cfg mcpConfig) *mcpHost {
-	h := &mcpHost{cfg: cfg.withDefaults(), pushing: map[*mcp.ServerSession]bool{}, schemas: mcp.NewSchemaCache()}
+	h := &mcpHost{cfg: cfg.withDefaults(), pushers: map[*mcp.ServerSession]chan struct{}{}, schemas: mcp.NewSchemaCache()}
 	h.ctx, h.cancel = context.WithCancel(ctx)
 	return h
 }
@@ -156,6 +158,7 @@ func (h *mcpHost) server(c *client.Client, raw *rawTransport) *mcp.Server {
 			h.startPusher(req.Session, c, raw)
 		},
 	})
+	s.AddReceivingMiddleware(h.watchLogLevel)
 	t := &mcpTools{c: c, cfg: h.cfg}
 	t.register(s)
 	return s

@@ -30,13 +30,18 @@ const (
 // h closes (which closes ss). It starts at the session's acked cursor and never acks: see push.
 // It runs only for sessions opened by initialize (protocol versions up to 2025-11-25, which Claude
 // Code and Cursor speak): a later client has no session to push to outside a call.
+//
+// It reads the first notification only once the client can receive one: when it declared Claude
+// Code's channel, or once it set a log level (the SDK drops log messages until then, and a
+// notification pending when the connection opened would be lost to it).
 func (h *mcpHost) startPusher(ss *mcp.ServerSession, c *client.Client, raw *rawTransport) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.pushing[ss] {
+	if h.pushers[ss] != nil {
 		return // a second notifications/initialized
 	}
-	h.pushing[ss] = true
+	levelSet := make(chan struct{})
+	h.pushers[ss] = levelSet
 	ctx, cancel := context.WithCancel(h.ctx)
 	h.wg.Add(2)
 	go func() {
@@ -49,11 +54,37 @@ func (h *mcpHost) startPusher(ss *mcp.ServerSession, c *client.Client, raw *rawT
 		defer func() {
 			ss.Close() // h closed: the session ends with it
 			h.mu.Lock()
-			delete(h.pushing, ss)
+			delete(h.pushers, ss)
 			h.mu.Unlock()
 		}()
+		if raw == nil || !declares(ss, claudeChannel) {
+			select {
+			case <-levelSet:
+			case <-ctx.Done():
+				return
+			}
+		}
 		h.push(ctx, ss, c, raw)
 	}()
+}
+
+// watchLogLevel is a middleware that tells a session's pusher when its client set a log level.
+func (h *mcpHost) watchLogLevel(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && err == nil && method == "logging/setLevel" {
+			h.mu.Lock()
+			if levelSet := h.pushers[ss]; levelSet != nil {
+				select {
+				case <-levelSet:
+				default:
+					close(levelSet)
+				}
+			}
+			h.mu.Unlock()
+		}
+		return res, err
+	}
 }
 
 // push sends each notification of the session as it is stored: as an MCP log message

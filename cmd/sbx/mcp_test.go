@@ -360,6 +360,8 @@ func testMCPPush(t *testing.T, connect func() *mcpClient) {
 		t.Fatalf("notifications after a push: %+v", page)
 	}
 	b := connect()
+	// A client that sets its log level a while after it connected still gets what was pending.
+	time.Sleep(200 * time.Millisecond)
 	if err := b.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
 		t.Fatal(err)
 	}
