@@ -39,6 +39,9 @@ type mcpConfig struct {
 	ProgressEvery time.Duration
 	// Cwd is run's directory when the call names none; "" makes cwd required.
 	Cwd string
+	// Format is the format of the notification texts this server reads, pushed or listed
+	// (client.FormatSystem, client.FormatTask; "": as each was stored).
+	Format string
 	// Logger receives what the pushers cannot tell a client (default: discard).
 	Logger *slog.Logger
 }
@@ -88,6 +91,7 @@ func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stde
 	fs := newFlags("mcp", stderr)
 	session := fs.String("session", "", "session of the jobs started through this server (default: the API's)")
 	maxBlock := fs.Duration("max-block", mcpDefaultMaxBlock, "longest a tool call blocks before it returns a continuation (MCP clients give up after 60s)")
+	format := fs.String("format", "", "write the notifications' texts as system_notification or task_notification (Claude Code's) (default: as stored)")
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -95,6 +99,9 @@ func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stde
 	}
 	if err := checkMaxBlock("--max-block", *maxBlock); err != nil {
 		return err
+	}
+	if f := *format; f != "" && f != client.FormatSystem && f != client.FormatTask {
+		return usageError("--format must be %s or %s", client.FormatSystem, client.FormatTask)
 	}
 	addr := getenv("SBX_ADDR")
 	if addr == "" {
@@ -108,7 +115,7 @@ func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stde
 	if err != nil {
 		return fmt.Errorf("current directory: %w", err)
 	}
-	h := newMCPHost(ctx, mcpConfig{MaxBlock: *maxBlock, Cwd: cwd, Logger: newLogger(stderr)})
+	h := newMCPHost(ctx, mcpConfig{MaxBlock: *maxBlock, Cwd: cwd, Format: *format, Logger: newLogger(stderr)})
 	defer h.close()
 	t := &rawTransport{Transport: &mcp.StdioTransport{}}
 	return h.server(c, t).Run(ctx, t)
@@ -127,6 +134,8 @@ const mcpInstructions = `sbx runs shell commands as background jobs, each in its
 
 Jobs: "run" starts a command. With block_until_ms it waits for the end and returns the exit code and output (builds, tests, one-off commands); without, it returns the job id at once (servers, watchers, long builds). No call blocks longer than %s: a call that reaches that returns the job id, the output so far and a continuation, the exact "wait" call to make next. A long wait is a loop of such calls.
 Pattern (as AwaitShell): start a server in the background, then call "wait" with a pattern that matches the line saying it is up, e.g. {"id":ID,"pattern":"listening on|ready"}; then use it, and "kill" it when done.
+
+Input: a job started with stdin: true reads what "send" writes, e.g. the answer to a prompt that a stall notification reported; other jobs read nothing. "wait" without an id just sleeps.
 
 Output: a result shows at most the last %d KiB of output, with its byte offsets. Page through the rest with "output" (offset, limit), or read the job's output_path when you share the coordinator's machine.
 

@@ -137,7 +137,8 @@ func driveMCP(t *testing.T, m *mcpClient, maxBlock time.Duration, extra ...strin
 		t.Fatalf("run: %s", text)
 	}
 	text, res = call[mcpJobResult](t, cs, "wait", map[string]any{"id": id, "pattern": "^listening on", "timeout_ms": 20000})
-	if !res.PatternMatched || res.Done || !strings.Contains(res.Output, "listening on 8080\n") || !strings.Contains(text, "matched") {
+	if !res.PatternMatched || res.Done || !strings.Contains(res.Output, "listening on 8080\n") || res.Matched == nil || *res.Matched != "listening on" ||
+		!strings.Contains(text, `matched "listening on" at byte 9`) {
 		t.Fatalf("wait for the pattern: %s", text)
 	}
 	if _, page := call[mcpOutputResult](t, cs, "output", map[string]any{"id": id}); page.Output != "starting\nlistening on 8080\n" {

@@ -96,7 +96,7 @@ func (h *mcpHost) watchLogLevel(next mcp.MethodHandler) mcp.MethodHandler {
 func (h *mcpHost) push(ctx context.Context, ss *mcp.ServerSession, c *client.Client, raw *rawTransport) {
 	var after *uint64 // nil: the session's acked cursor
 	for ctx.Err() == nil {
-		page, err := c.Notifications(ctx, "", after, pushPoll)
+		page, err := c.QueryNotifications(ctx, client.NotificationsQuery{After: after, Wait: pushPoll, Format: h.cfg.Format})
 		if err != nil {
 			if ctx.Err() == nil {
 				h.cfg.Logger.Warn("mcp: read notifications to push", "err", err)

@@ -16,7 +16,7 @@ import (
 // jobResult returns j with its output from byte from to the end it has now, cut to the last
 // mcpInlineOutput bytes.
 func (t *mcpTools) jobResult(ctx context.Context, j *client.Job, from int64) (*mcpJobResult, error) {
-	res := &mcpJobResult{Job: *j, Done: j.Ended()}
+	res := &mcpJobResult{Job: j, Done: j.Ended()}
 	end := j.OutputBytes
 	from = min(from, end)
 	start := max(from, end-mcpInlineOutput)
@@ -44,7 +44,7 @@ func (t *mcpTools) jobResult(ctx context.Context, j *client.Job, from int64) (*m
 // note that says what to do next.
 func (r *mcpJobResult) text(note string) string {
 	var b strings.Builder
-	j := &r.Job
+	j := r.Job
 	fmt.Fprintf(&b, "job %s %q: %s", j.ID, j.Title, j.Status)
 	switch {
 	case j.Ended():

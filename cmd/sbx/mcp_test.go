@@ -152,6 +152,24 @@ func TestMCP(t *testing.T) {
 			t.Fatalf("run with limits {timeout_ms}: %+v", res.Job)
 		}
 	})
+	t.Run("input", func(t *testing.T) {
+		m := connectMCP(t, backend("input"), mcpConfig{Cwd: cwd})
+		cs := m.ClientSession
+		_, res := call[mcpJobResult](t, cs, "run", map[string]any{"command": `read -r a; echo "got $a from $0"`, "stdin": true, "shell": "sh"})
+		if res.Job.Shell != "sh" || !res.Job.Stdin {
+			t.Fatalf("run with stdin and shell: %+v", res.Job)
+		}
+		text, _ := call[any](t, cs, "send", map[string]any{"id": res.Job.ID, "text": "yes\n"})
+		if !strings.Contains(text, "Wrote 4 bytes") {
+			t.Errorf("send: %s", text)
+		}
+		if _, res = call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !res.Done || res.Output != "got yes from sh\n" {
+			t.Errorf("after send: %+v", res)
+		}
+		if _, _, err := callTool[any](t.Context(), cs, "send", map[string]any{"id": res.Job.ID, "text": "more\n"}, nil); err == nil || !strings.Contains(err.Error(), "conflict") {
+			t.Errorf("send to an ended job: %v", err)
+		}
+	})
 	t.Run("inline output", func(t *testing.T) {
 		m := connectMCP(t, backend("inline"), mcpConfig{Cwd: cwd})
 		testMCPInlineOutput(t, m.ClientSession)
@@ -191,11 +209,11 @@ func testMCPTools(t *testing.T, cs *mcp.ClientSession) {
 		byName[tool.Name] = tool
 		names = append(names, tool.Name)
 	}
-	if got := strings.Join(names, " "); got != "ack end_session kill list notifications output run runners status wait" {
+	if got := strings.Join(names, " "); got != "ack end_session kill list notifications output run runners send status wait" {
 		t.Fatalf("tools: %s", got)
 	}
 	readOnly := map[string]bool{"wait": true, "output": true, "status": true, "list": true, "notifications": true, "runners": true}
-	destructive := map[string]bool{"run": true, "kill": true, "end_session": true}
+	destructive := map[string]bool{"run": true, "kill": true, "end_session": true, "send": true}
 	for name, tool := range byName {
 		a := tool.Annotations
 		if a == nil {
@@ -326,6 +344,13 @@ func testMCPContinuation(t *testing.T, m *mcpClient) {
 	call[any](t, cs, "kill", map[string]any{"id": res.Job.ID})
 	if _, res = call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !res.Done || res.Job.Reason != "killed" {
 		t.Errorf("wait after kill: %+v", res.Job)
+	}
+
+	// A wait without a job sleeps, bounded the same way.
+	begin = time.Now()
+	text, res = call[mcpJobResult](t, cs, "wait", map[string]any{"timeout_ms": 3000})
+	if took := time.Since(begin); took > 2500*time.Millisecond || res.SleptMS < 900 || res.Job != nil || res.Next == nil || res.Next.Arguments["timeout_ms"].(float64) > 2100 {
+		t.Errorf("sleep of 3s took %s: %+v\n%s", took, res, text)
 	}
 
 	// A notifications wait is bounded the same way. (The kill may have ended the job before the

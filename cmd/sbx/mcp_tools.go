@@ -24,18 +24,23 @@ const (
 // marks a field required unless it is omitempty.
 type (
 	mcpStart struct {
-		Command        string            `json:"command" jsonschema:"the shell command, run with sh -c; e.g. \"make test 2>&1\" or \"npm run dev\""`
-		Cwd            string            `json:"cwd,omitempty" jsonschema:"absolute directory to run in; default: the directory sbx mcp was started in (required over HTTP)"`
-		Title          string            `json:"title,omitempty" jsonschema:"short title shown in notifications; default: the command's first line"`
-		Env            map[string]string `json:"env,omitempty" jsonschema:"variables added to the environment"`
-		Readonly       bool              `json:"readonly,omitempty" jsonschema:"run sandboxed: reads work, no file is written, no network; for commands you do not trust"`
-		Pool           string            `json:"pool,omitempty" jsonschema:"pool of runners (default: default)"`
-		Session        string            `json:"session,omitempty" jsonschema:"session of the job (default: this connection's)"`
-		Limits         *mcpLimits        `json:"limits,omitempty" jsonschema:"resource limits; each field is optional, 0 or absent is the default"`
-		BlockUntilMS   int64             `json:"block_until_ms,omitempty" jsonschema:"wait up to this long for the job to end and return its exit code and output; 0 or absent returns at once with the job id. One call waits at most about 50 s and then returns a continuation (call wait with the id)"`
-		NotifyOnOutput *mcpNotifyOn      `json:"notify_on_output,omitempty" jsonschema:"send a notification when an output line matches a pattern, e.g. {\"pattern\":\"FAIL|panic\"}"`
-		Monitor        bool              `json:"monitor,omitempty" jsonschema:"every output line becomes a notification (for a tail -f or a log watcher filtered to what matters); stopped if it prints more than 200 lines in 10 s"`
-		Persistent     bool              `json:"persistent,omitempty" jsonschema:"with monitor: no default 30-minute timeout"`
+		Command            string            `json:"command" jsonschema:"the shell command, run with sh -c; e.g. \"make test 2>&1\" or \"npm run dev\""`
+		Cwd                string            `json:"cwd,omitempty" jsonschema:"absolute directory to run in; default: the directory sbx mcp was started in (required over HTTP)"`
+		Title              string            `json:"title,omitempty" jsonschema:"short title shown in notifications; default: the command's first line"`
+		Env                map[string]string `json:"env,omitempty" jsonschema:"variables added to the environment"`
+		Readonly           bool              `json:"readonly,omitempty" jsonschema:"run sandboxed: reads work, no file is written, no network; for commands you do not trust"`
+		Shell              string            `json:"shell,omitempty" jsonschema:"bash (the default where the runner has it) or sh"`
+		User               string            `json:"user,omitempty" jsonschema:"user to run as, among those the runner allows (default: the runner's)"`
+		Stdin              bool              `json:"stdin,omitempty" jsonschema:"give the job an input that the send tool writes to (default: /dev/null); for commands that ask questions"`
+		Linger             bool              `json:"linger,omitempty" jsonschema:"keep the job until its output closes, not only until the shell exits: for a command that starts background children whose output you want"`
+		Pool               string            `json:"pool,omitempty" jsonschema:"pool of runners (default: default)"`
+		Session            string            `json:"session,omitempty" jsonschema:"session of the job (default: this connection's)"`
+		Limits             *mcpLimits        `json:"limits,omitempty" jsonschema:"resource limits; each field is optional, 0 or absent is the default"`
+		BlockUntilMS       int64             `json:"block_until_ms,omitempty" jsonschema:"wait up to this long for the job to end and return its exit code and output; 0 or absent returns at once with the job id. One call waits at most about 50 s and then returns a continuation (call wait with the id)"`
+		NotifyOnOutput     *mcpNotifyOn      `json:"notify_on_output,omitempty" jsonschema:"send a notification when an output line matches a pattern, e.g. {\"pattern\":\"FAIL|panic\"}"`
+		Monitor            bool              `json:"monitor,omitempty" jsonschema:"every output line becomes a notification (for a tail -f or a log watcher filtered to what matters); stopped if it prints more than 200 lines in 10 s"`
+		Persistent         bool              `json:"persistent,omitempty" jsonschema:"with monitor: no default 30-minute timeout"`
+		NotificationFormat string            `json:"notification_format,omitempty" jsonschema:"text format of the job's notifications: system_notification or task_notification (Claude Code's); default: the session's"`
 	}
 	mcpLimits struct {
 		MemoryBytes   int64 `json:"memory_bytes,omitempty" jsonschema:"memory limit in bytes (at least 4 MiB)"`
@@ -58,7 +63,7 @@ type (
 		Limit   int    `json:"limit,omitempty" jsonschema:"at most this many, newest first (default 20, at most 1000)"`
 	}
 	mcpWait struct {
-		ID        string `json:"id" jsonschema:"the job id"`
+		ID        string `json:"id,omitempty" jsonschema:"the job id; without one, wait just sleeps timeout_ms (to give something outside sbx time)"`
 		TimeoutMS *int64 `json:"timeout_ms,omitempty" jsonschema:"give up after this many milliseconds (default 30000, at most 7140000); one call waits at most about 50 s and returns a continuation with the time left"`
 		Pattern   string `json:"pattern,omitempty" jsonschema:"return as soon as this RE2 pattern matches the output so far (^ and $ match at line ends), e.g. \"listening on|ready\""`
 		Offset    int64  `json:"offset,omitempty" jsonschema:"show output from this byte on (the output_end of the previous result), at most its last 30 KiB"`
@@ -68,6 +73,11 @@ type (
 		Offset int64  `json:"offset,omitempty" jsonschema:"first byte to return (default 0)"`
 		Limit  int64  `json:"limit,omitempty" jsonschema:"at most this many bytes (default 30720, at most 262144)"`
 	}
+	mcpSend struct {
+		ID    string `json:"id" jsonschema:"the job id; the job must have been started with stdin: true"`
+		Text  string `json:"text,omitempty" jsonschema:"bytes written as they are: end with \n to answer a prompt, e.g. \"y\\n\" (at most 64 KiB)"`
+		Close bool   `json:"close,omitempty" jsonschema:"close the input after the text (end of file)"`
+	}
 	mcpKill struct {
 		ID     string `json:"id" jsonschema:"the job id"`
 		Signal string `json:"signal,omitempty" jsonschema:"TERM (default: TERM to every process of the job, KILL after 2 s), KILL, or INT, HUP, QUIT, USR1, USR2 (sent to the job's process group only; the job may go on)"`
@@ -76,6 +86,7 @@ type (
 		Session string  `json:"session,omitempty" jsonschema:"the session (default: this connection's)"`
 		After   *uint64 `json:"after,omitempty" jsonschema:"list notifications after this seq (default: the session's acked cursor, i.e. the ones not acked yet)"`
 		WaitMS  int64   `json:"wait_ms,omitempty" jsonschema:"wait up to this long for the first one (default 0, at most 300000); one call waits at most about 50 s"`
+		Format  string  `json:"format,omitempty" jsonschema:"write each text as system_notification or task_notification (Claude Code's); default: as stored"`
 	}
 	mcpAck struct {
 		Session string `json:"session,omitempty" jsonschema:"the session (default: this connection's)"`
@@ -90,13 +101,16 @@ type (
 // mcpJobResult is what run and wait return: the job, the end of its output and, when the call
 // returned at its time budget with the job still running, the call to make next.
 type mcpJobResult struct {
-	Job            client.Job `json:"job"`
-	Done           bool       `json:"done" jsonschema:"the job has ended"`
-	PatternMatched bool       `json:"pattern_matched,omitempty" jsonschema:"wait's pattern matched the output"`
-	Output         string     `json:"output" jsonschema:"the output bytes from output_offset to output_end"`
-	OutputOffset   int64      `json:"output_offset" jsonschema:"byte offset of the first byte of output"`
-	OutputEnd      int64      `json:"output_end" jsonschema:"byte offset after the last byte of output: the offset to read on from"`
-	Next           *mcpNext   `json:"next,omitempty" jsonschema:"the call that goes on waiting, when this one returned at its time budget"`
+	Job            *client.Job `json:"job,omitempty" jsonschema:"the job (none for a wait without a job)"`
+	SleptMS        int64       `json:"slept_ms,omitempty" jsonschema:"how long a wait without a job slept"`
+	Done           bool        `json:"done" jsonschema:"the job has ended"`
+	PatternMatched bool        `json:"pattern_matched,omitempty" jsonschema:"wait's pattern matched the output"`
+	Matched        *string     `json:"matched,omitempty" jsonschema:"the text the pattern matched (at most 4096 bytes)"`
+	MatchedOffset  *int64      `json:"matched_offset,omitempty" jsonschema:"where the match starts in the output"`
+	Output         string      `json:"output" jsonschema:"the output bytes from output_offset to output_end"`
+	OutputOffset   int64       `json:"output_offset" jsonschema:"byte offset of the first byte of output"`
+	OutputEnd      int64       `json:"output_end" jsonschema:"byte offset after the last byte of output: the offset to read on from"`
+	Next           *mcpNext    `json:"next,omitempty" jsonschema:"the call that goes on waiting, when this one returned at its time budget"`
 }
 
 // mcpNext is a continuation: the tool to call next and its arguments.
@@ -135,7 +149,7 @@ A background job's end is notified (see the notifications tool) unless run or wa
 	mcp.AddTool(s, &mcp.Tool{Name: "wait", Annotations: readOnly,
 		Description: `Wait until a job ends, until its output matches a pattern, or until timeout_ms. Returns the job, whether it ended or matched, and its new output from offset (the last 30 KiB of it).
 
-One call waits at most about 50 s; when the job is still running then and time is left, the result's "next" is the same call with the time left and the new offset: make it to go on waiting. Use a pattern to wait for a server to be up ({"id":ID,"pattern":"listening on|ready","timeout_ms":60000}) or for a step of a long job. A wait that sees the job end means no notification of its end follows.`},
+One call waits at most about 50 s; when the job is still running then and time is left, the result's "next" is the same call with the time left and the new offset: make it to go on waiting. Use a pattern to wait for a server to be up ({"id":ID,"pattern":"listening on|ready","timeout_ms":60000}) or for a step of a long job; the result has the matched text. A wait that sees the job end means no notification of its end follows. Without an id, wait sleeps timeout_ms (e.g. to give a deploy outside sbx time), in steps of at most 50 s as well.`},
 		t.wait)
 	mcp.AddTool(s, &mcp.Tool{Name: "output", Annotations: readOnly,
 		Description: `Read a job's output (stdout and stderr interleaved, as bytes) from a byte offset: at most limit bytes (default 30720). Use the offsets of run and wait results to read what they left out, or to read on from output_end as the job prints more. Returns at once; to wait for more output, use wait.`},
@@ -149,6 +163,10 @@ One call waits at most about 50 s; when the job is still running then and time i
 	mcp.AddTool(s, &mcp.Tool{Name: "kill", Annotations: &mcp.ToolAnnotations{Title: "Stop a job", DestructiveHint: hint(true), IdempotentHint: true, OpenWorldHint: hint(false)},
 		Description: `Stop a job and every process it started (TERM, then KILL after 2 s, then whatever is left in its cgroup). Returns the job. Killing a job that already ended is an error (conflict). Another signal (INT, HUP, ...) only reaches its process group.`},
 		t.kill)
+	mcp.AddTool(s, &mcp.Tool{Name: "send", Annotations: &mcp.ToolAnnotations{Title: "Write to a job's input", DestructiveHint: hint(true), OpenWorldHint: hint(false)},
+		Description: `Write text to the input of a job started with stdin: true, e.g. to answer a prompt a "stall" notification reported ({"id":ID,"text":"y
+"}), or feed a REPL; close: true ends the input (EOF). Text is written as it is: end it with a newline to send a line. A job without stdin, an ended one, or one that does not read within 3 s is an error. Then wait with offset to see what it printed.`},
+		t.send)
 	mcp.AddTool(s, &mcp.Tool{Name: "notifications", Annotations: readOnly,
 		Description: `List the session's notifications not acked yet: jobs that ended in the background, output lines that matched notify_on_output, jobs that seem to wait at a prompt, monitor lines. Each has a seq and a <system_notification> text. They are also pushed as they happen; this is the way to get them when your client does not show pushed messages. wait_ms waits for the first one (one call waits at most about 50 s). After acting on them, call ack with the last seq.`},
 		t.notifications)
@@ -182,7 +200,8 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	}
 	sr := client.StartRequest{
 		Command: in.Command, Cwd: cmp.Or(in.Cwd, t.cfg.Cwd), Title: in.Title, Env: in.Env, Readonly: in.Readonly,
-		Pool: in.Pool, Session: in.Session, Monitor: in.Monitor, Persistent: in.Persistent,
+		Shell: in.Shell, User: in.User, Stdin: in.Stdin, Linger: in.Linger, Pool: in.Pool, Session: in.Session,
+		Monitor: in.Monitor, Persistent: in.Persistent, NotificationFormat: in.NotificationFormat,
 	}
 	if sr.Cwd == "" {
 		return nil, nil, errors.New("cwd is required: the absolute directory to run the command in")
@@ -232,6 +251,9 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 		return nil, nil, errors.New("offset must not be negative")
 	}
 	budget := min(asked, t.cfg.MaxBlock)
+	if in.ID == "" {
+		return t.sleep(ctx, req, in, asked, budget)
+	}
 	start := time.Now()
 	stop := t.progress(ctx, req, budget, "waiting for job "+in.ID)
 	w, err := t.c.Wait(ctx, in.ID, budget, in.Pattern)
@@ -243,12 +265,16 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 	if err != nil {
 		return nil, nil, err
 	}
-	res.Done, res.PatternMatched = w.Done, w.PatternMatched
+	res.Done, res.PatternMatched, res.Matched, res.MatchedOffset = w.Done, w.PatternMatched, w.Matched, w.MatchedOffset
 	var note string
 	switch {
 	case w.Done:
 	case w.PatternMatched:
-		note = fmt.Sprintf("The pattern %q matched; the job is still %s.", in.Pattern, w.Job.Status)
+		note = fmt.Sprintf("The pattern %q matched", in.Pattern)
+		if w.Matched != nil && w.MatchedOffset != nil {
+			note += fmt.Sprintf(" %q at byte %d", *w.Matched, *w.MatchedOffset)
+		}
+		note += fmt.Sprintf("; the job is still %s.", w.Job.Status)
 	case asked > time.Since(start):
 		res.Next = t.waitNext(res, asked-time.Since(start), in.Pattern)
 		note = t.stillRunning(res)
@@ -259,6 +285,28 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 		}
 	}
 	return textResult(res.text(note)), res, nil
+}
+
+// sleep is wait without a job: AwaitShell's sleep, bounded as every blocking call.
+func (t *mcpTools) sleep(ctx context.Context, req *mcp.CallToolRequest, in mcpWait, asked, budget time.Duration) (*mcp.CallToolResult, *mcpJobResult, error) {
+	if in.Pattern != "" || in.Offset != 0 {
+		return nil, nil, errors.New("pattern and offset need a job id")
+	}
+	start := time.Now()
+	stop := t.progress(ctx, req, budget, "sleeping")
+	slept, err := t.c.Sleep(ctx, budget)
+	stop()
+	if err != nil {
+		return nil, nil, err
+	}
+	res := &mcpJobResult{SleptMS: slept.Milliseconds()}
+	msg := fmt.Sprintf("Slept %s.", slept)
+	if left := asked - time.Since(start); left > 0 {
+		res.Next = &mcpNext{Tool: "wait", Arguments: map[string]any{"timeout_ms": left.Milliseconds()}}
+		msg = fmt.Sprintf("Slept %s of the %s asked (one call waits at most %s). To sleep on, call wait with %s.",
+			slept, asked, t.cfg.MaxBlock, jsonText(res.Next.Arguments))
+	}
+	return textResult(msg), res, nil
 }
 
 // waitNext is the wait call that goes on waiting for left more.
@@ -305,6 +353,20 @@ func (t *mcpTools) output(ctx context.Context, _ *mcp.CallToolRequest, in mcpOut
 	return textResult(msg + "]"), res, nil
 }
 
+func (t *mcpTools) send(ctx context.Context, _ *mcp.CallToolRequest, in mcpSend) (*mcp.CallToolResult, any, error) {
+	if in.Text == "" && !in.Close {
+		return nil, nil, errors.New("give text to write, or close: true")
+	}
+	if err := t.c.Input(ctx, in.ID, in.Text, in.Close); err != nil {
+		return nil, nil, err
+	}
+	msg := fmt.Sprintf("Wrote %d bytes to the input of job %s", len(in.Text), in.ID)
+	if in.Close {
+		msg += ", then closed it"
+	}
+	return textResult(msg + `. To see what it printed, call wait with {"id":` + jsonText(in.ID) + `,"timeout_ms":2000} and the offset of your last result.`), nil, nil
+}
+
 func (t *mcpTools) status(ctx context.Context, _ *mcp.CallToolRequest, in mcpJob) (*mcp.CallToolResult, any, error) {
 	return t.api(ctx, "GET", "/v1/jobs/"+url.PathEscape(in.ID), nil)
 }
@@ -331,7 +393,7 @@ func (t *mcpTools) notifications(ctx context.Context, req *mcp.CallToolRequest, 
 	budget := min(asked, t.cfg.MaxBlock)
 	start := time.Now()
 	stop := t.progress(ctx, req, budget, "waiting for a notification")
-	page, err := t.c.Notifications(ctx, in.Session, in.After, budget)
+	page, err := t.c.QueryNotifications(ctx, client.NotificationsQuery{Session: in.Session, After: in.After, Wait: budget, Format: cmp.Or(in.Format, t.cfg.Format)})
 	stop()
 	if err != nil {
 		return nil, nil, err
@@ -351,6 +413,9 @@ func (t *mcpTools) notifications(ctx context.Context, req *mcp.CallToolRequest, 
 		args := map[string]any{"wait_ms": (asked - time.Since(start)).Milliseconds(), "after": page.Next}
 		if in.Session != "" {
 			args["session"] = in.Session
+		}
+		if in.Format != "" {
+			args["format"] = in.Format
 		}
 		msg = fmt.Sprintf("No notification yet after %s, the most one call waits. To go on waiting, call notifications with %s.", t.cfg.MaxBlock, jsonText(args))
 	default:
