@@ -24,7 +24,7 @@ const (
 // marks a field required unless it is omitempty.
 type (
 	mcpStart struct {
-		Command            string            `json:"command" jsonschema:"the shell command, run with sh -c; e.g. \"make test 2>&1\" or \"npm run dev\""`
+		Command            string            `json:"command" jsonschema:"the shell command, run with bash -c (sh -c where the runner has no bash, or with shell sh); e.g. \"make test 2>&1\" or \"npm run dev\""`
 		Cwd                string            `json:"cwd,omitempty" jsonschema:"absolute directory to run in; default: the directory sbx mcp was started in (required over HTTP)"`
 		Title              string            `json:"title,omitempty" jsonschema:"short title shown in notifications; default: the command's first line"`
 		Env                map[string]string `json:"env,omitempty" jsonschema:"variables added to the environment"`
@@ -161,7 +161,7 @@ One call waits at most about 50 s; when the job is still running then and time i
 		Description: `List jobs, newest first, optionally of one session or status, e.g. {"status":"running"} to find what is still going.`},
 		t.list)
 	mcp.AddTool(s, &mcp.Tool{Name: "kill", Annotations: &mcp.ToolAnnotations{Title: "Stop a job", DestructiveHint: hint(true), IdempotentHint: true, OpenWorldHint: hint(false)},
-		Description: `Stop a job and every process it started (TERM, then KILL after 2 s, then whatever is left in its cgroup). Returns the job. Killing a job that already ended is an error (conflict). Another signal (INT, HUP, ...) only reaches its process group.`},
+		Description: `Stop a job and every process it started (TERM to each, then KILL to whatever is left after 2 s). Returns the job. Killing a job that already ended is an error (conflict). Another signal (INT, HUP, ...) only reaches its process group.`},
 		t.kill)
 	mcp.AddTool(s, &mcp.Tool{Name: "send", Annotations: &mcp.ToolAnnotations{Title: "Write to a job's input", DestructiveHint: hint(true), OpenWorldHint: hint(false)},
 		Description: `Write text to the input of a job started with stdin: true, e.g. to answer a prompt a "stall" notification reported ({"id":ID,"text":"y
