@@ -58,6 +58,8 @@ func (r *mcpJobResult) text(note string) string {
 		if j.Error != "" {
 			fmt.Fprintf(&b, " (%s)", j.Error)
 		}
+	case j.QueuedReason != nil:
+		fmt.Fprintf(&b, " (%s)", *j.QueuedReason)
 	case j.StartedAt != nil:
 		fmt.Fprintf(&b, " for %s", time.Since(*j.StartedAt).Round(time.Second))
 		if j.Pid != nil {
