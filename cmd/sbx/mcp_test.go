@@ -151,6 +151,12 @@ func TestMCP(t *testing.T) {
 		if !res.Done || res.Job.Status != client.StatusSucceeded || res.Job.Limits.TimeoutMS != 60000 || res.Job.Limits.Pids != 0 {
 			t.Fatalf("run with limits {timeout_ms}: %+v", res.Job)
 		}
+		// A job that cannot start says why.
+		text, res := call[mcpJobResult](t, m.ClientSession, "run", map[string]any{"command": "true", "pool": "nowhere"})
+		if res.Job.Status != client.StatusQueued || !strings.Contains(text, ": queued (No runner of pool nowhere") {
+			t.Errorf("queued job: %s", text)
+		}
+		call[any](t, m.ClientSession, "kill", map[string]any{"id": res.Job.ID})
 	})
 	t.Run("input", func(t *testing.T) {
 		m := connectMCP(t, backend("input"), mcpConfig{Cwd: cwd})
