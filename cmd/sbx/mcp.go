@@ -139,7 +139,7 @@ Input: a job started with stdin: true reads what "send" writes, e.g. the answer 
 
 Output: a result shows at most the last %d KiB of output, with its byte offsets. Page through the rest with "output" (offset, limit), or read the job's output_path when you share the coordinator's machine.
 
-Notifications: when a background job ends (unless run or wait saw the end), when an output line matches notify_on_output, or when a job seems to wait at a prompt, sbx stores a notification for the job's session, with a seq and a <system_notification> text. They are pushed to you as they happen (%s) and listed by "notifications". After acting on them, call "ack" with the highest seq: acked ones are not listed again; one you have already seen (same seq) may appear again until acked.
+Notifications: when a background job ends (unless run or wait saw the end), when an output line matches notify_on_output, or when a job seems to wait at a prompt, sbx stores a notification for the job's session, with a seq and a text (a <system_notification> or <task-notification> block). They are pushed to you as they happen (%s) and listed by "notifications". After acting on them, call "ack" with the highest seq: acked ones are not listed again; one you have already seen (same seq) may appear again until acked.
 
 Sessions: every job belongs to a session (this connection's is %s). "end_session" stops all of a session's jobs without notifications.`
 
@@ -147,7 +147,7 @@ Sessions: every job belongs to a session (this connection's is %s). "end_session
 // are pushed by h. raw, when set, is the transport the server runs on: it also carries Claude Code
 // channel events, which the SDK has no method for.
 func (h *mcpHost) server(c *client.Client, raw *rawTransport) *mcp.Server {
-	session := "the API's default"
+	session := `"default"`
 	if c.Session != "" {
 		session = fmt.Sprintf("%q", c.Session)
 	}
