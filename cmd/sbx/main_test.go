@@ -79,7 +79,7 @@ func startServe(t testing.TB, extra ...string) *instance {
 	// "sbx dev: API http://127.0.0.1:PORT, NATS ..."
 	_, rest, _ := strings.Cut(line, "API ")
 	addr, _, _ := strings.Cut(rest, ",")
-	s := &instance{addr: addr, c: client.New(addr, "")}
+	s := &instance{addr: addr, c: client.New(addr, tokenOf(t, extra))}
 	// Ready once the runner's first heartbeat arrived.
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		rs, err := s.c.Runners(ctx)
@@ -92,6 +92,20 @@ func startServe(t testing.TB, extra ...string) *instance {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return s
+}
+
+// tokenOf returns the token of the --token-file among serve's arguments, or "".
+func tokenOf(t testing.TB, args []string) string {
+	for i, a := range args {
+		if a == "--token-file" && i+1 < len(args) {
+			b, err := os.ReadFile(args[i+1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return strings.TrimSpace(string(b))
+		}
+	}
+	return ""
 }
 
 // sbx runs a client command against s and returns its stdout and error.

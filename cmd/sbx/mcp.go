@@ -1,30 +1,107 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"io"
-	"net/url"
-	"strconv"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
 )
 
-// mcpOutputLimit is the most output one `output` call returns unless asked for more: an agent's
-// context is the scarce thing.
-const mcpOutputLimit = 64 << 10
+// Bounds of what one MCP tool call returns and how long it blocks (docs/mcp.md).
+const (
+	// mcpInlineOutput is the most output a tool result carries: the last 30 KiB of it for run and
+	// wait, the first from the offset for output. An agent's context is the scarce thing; the rest
+	// is paged with the output tool or read from the job's output_path.
+	mcpInlineOutput = 30 << 10
+	// mcpMaxOutputLimit is the most the output tool returns when asked for more.
+	mcpMaxOutputLimit = 256 << 10
+	// mcpDefaultMaxBlock is how long a blocking call waits at most before it returns a continuation:
+	// MCP clients give up on a call after 60 s by default (error -32001), and an agent whose `run`
+	// timed out never learns the job's id.
+	mcpDefaultMaxBlock = 50 * time.Second
+	// mcpProgressEvery is how often a blocking call reports progress to a client that asked for it.
+	mcpProgressEvery = 5 * time.Second
+)
+
+// mcpConfig is what an MCP server needs besides its client of the API.
+type mcpConfig struct {
+	// MaxBlock bounds how long one tool call blocks (default mcpDefaultMaxBlock); a longer wait is
+	// a loop of calls, each returning a continuation.
+	MaxBlock time.Duration
+	// ProgressEvery is the interval of progress notifications (default mcpProgressEvery).
+	ProgressEvery time.Duration
+	// Cwd is run's directory when the call names none; "" makes cwd required.
+	Cwd string
+	// Format is the format of the notification texts this server reads, pushed or listed
+	// (client.FormatSystem, client.FormatTask; "": as each was stored).
+	Format string
+	// Logger receives what the pushers cannot tell a client (default: discard).
+	Logger *slog.Logger
+}
+
+func (c mcpConfig) withDefaults() mcpConfig {
+	if c.MaxBlock <= 0 {
+		c.MaxBlock = mcpDefaultMaxBlock
+	}
+	if c.ProgressEvery <= 0 {
+		c.ProgressEvery = mcpProgressEvery
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// mcpHost owns what outlives one tool call: the goroutines that push each MCP session's
+// notifications. close ends them and the sessions they serve.
+type mcpHost struct {
+	cfg    mcpConfig
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	// pushers holds the sessions with a pusher, each with the channel closed when its client sets a
+	// log level.
+	pushers map[*mcp.ServerSession]chan struct{}
+	// schemas keeps the tools' JSON schemas across the servers of HTTP sessions.
+	schemas *mcp.SchemaCache
+}
+
+func newMCPHost(ctx context.Context, cfg mcpConfig) *mcpHost {
+	h := &mcpHost{cfg: cfg.withDefaults(), pushers: map[*mcp.ServerSession]chan struct{}{}, schemas: mcp.NewSchemaCache()}
+	h.ctx, h.cancel = context.WithCancel(ctx)
+	return h
+}
+
+// close stops every pusher, closing its session, and waits for them.
+func (h *mcpHost) close() {
+	h.cancel()
+	h.wg.Wait()
+}
 
 // cmdMCP serves the API's operations as MCP tools over stdin and stdout.
 func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	fs := newFlags("mcp", stderr)
 	session := fs.String("session", "", "session of the jobs started through this server (default: the API's)")
+	maxBlock := fs.Duration("max-block", mcpDefaultMaxBlock, "longest a tool call blocks before it returns a continuation (MCP clients give up after 60s)")
+	format := fs.String("format", "", "write the notifications' texts as system_notification or task_notification (Claude Code's) (default: as stored)")
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
 		return usageError("mcp takes no arguments")
+	}
+	if err := checkMaxBlock("--max-block", *maxBlock); err != nil {
+		return err
+	}
+	if f := *format; f != "" && f != client.FormatSystem && f != client.FormatTask {
+		return usageError("--format must be %s or %s", client.FormatSystem, client.FormatTask)
 	}
 	addr := getenv("SBX_ADDR")
 	if addr == "" {
@@ -32,152 +109,66 @@ func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stde
 	}
 	c := client.New(addr, getenv("SBX_TOKEN"))
 	c.Session = *session
-	return newMCPServer(c).Run(ctx, &mcp.StdioTransport{})
+	// An agent's harness starts the server in the project's directory: a job runs there unless
+	// the call names another.
+	cwd, err := os.Getwd()
+	if err != nil {
+		return fmt.Errorf("current directory: %w", err)
+	}
+	h := newMCPHost(ctx, mcpConfig{MaxBlock: *maxBlock, Cwd: cwd, Format: *format, Logger: newLogger(stderr)})
+	defer h.close()
+	t := &rawTransport{Transport: &mcp.StdioTransport{}}
+	return h.server(c, t).Run(ctx, t)
 }
 
-// Tool inputs. Their JSON is the API's, so most are sent as they are.
-type (
-	mcpStart struct {
-		Command        string            `json:"command" jsonschema:"the shell command, run with sh -c"`
-		Cwd            string            `json:"cwd" jsonschema:"absolute directory to run in"`
-		Title          string            `json:"title,omitempty" jsonschema:"short title; default: the command's first line"`
-		Env            map[string]string `json:"env,omitempty" jsonschema:"variables added to the environment"`
-		Readonly       bool              `json:"readonly,omitempty" jsonschema:"run sandboxed: reads work, no file is written, no network"`
-		Pool           string            `json:"pool,omitempty" jsonschema:"pool of runners"`
-		Session        string            `json:"session,omitempty" jsonschema:"session of the job"`
-		Limits         *client.Limits    `json:"limits,omitempty" jsonschema:"memory_bytes, cpu_millicores, pids, output_bytes, timeout_ms; 0 is the default"`
-		BlockUntilMS   int64             `json:"block_until_ms,omitempty" jsonschema:"wait up to this long for the job to end and return its output; 0 returns at once"`
-		NotifyOnOutput *mcpNotifyOn      `json:"notify_on_output,omitempty" jsonschema:"notify when an output line matches"`
-		Monitor        bool              `json:"monitor,omitempty" jsonschema:"every output line is a notification"`
-		Persistent     bool              `json:"persistent,omitempty" jsonschema:"a monitor without a timeout"`
+// checkMaxBlock checks the value of a flag that bounds how long a tool call blocks.
+func checkMaxBlock(flag string, d time.Duration) error {
+	if d < time.Second || d > 10*time.Minute {
+		return usageError("%s must be between 1s and 10m", flag)
 	}
-	mcpNotifyOn struct {
-		Pattern    string `json:"pattern" jsonschema:"RE2 pattern matched against each line"`
-		Reason     string `json:"reason,omitempty" jsonschema:"why, shown in the notification"`
-		DebounceMS int64  `json:"debounce_ms,omitempty" jsonschema:"window in which later matches are counted (at least 5000)"`
-	}
-	mcpJob struct {
-		ID string `json:"id" jsonschema:"the job id"`
-	}
-	mcpList struct {
-		Session string `json:"session,omitempty" jsonschema:"only this session's jobs"`
-		Status  string `json:"status,omitempty" jsonschema:"queued, running, succeeded, failed or aborted"`
-		Limit   int    `json:"limit,omitempty" jsonschema:"at most this many, newest first (default 100)"`
-	}
-	mcpWait struct {
-		ID        string `json:"id" jsonschema:"the job id"`
-		TimeoutMS int64  `json:"timeout_ms,omitempty" jsonschema:"give up after this long (default 30000)"`
-		Pattern   string `json:"pattern,omitempty" jsonschema:"return when this RE2 pattern matches the output so far"`
-	}
-	mcpOutput struct {
-		ID     string `json:"id" jsonschema:"the job id"`
-		Offset int64  `json:"offset,omitempty" jsonschema:"first byte"`
-		Limit  int64  `json:"limit,omitempty" jsonschema:"at most this many bytes (default 65536)"`
-	}
-	mcpKill struct {
-		ID     string `json:"id" jsonschema:"the job id"`
-		Signal string `json:"signal,omitempty" jsonschema:"TERM (default, then KILL after 2 s), KILL, INT, HUP, QUIT, USR1, USR2"`
-	}
-	mcpNotifications struct {
-		Session string `json:"session,omitempty" jsonschema:"the session (default: this server's)"`
-		After   *int64 `json:"after,omitempty" jsonschema:"notifications after this seq (default: the session's acked cursor)"`
-		WaitMS  int64  `json:"wait_ms,omitempty" jsonschema:"wait up to this long for one"`
-	}
-	mcpAck struct {
-		Session string `json:"session" jsonschema:"the session"`
-		Seq     int64  `json:"seq" jsonschema:"everything up to this seq is delivered"`
-	}
-	mcpNone struct{}
-)
+	return nil
+}
 
-// newMCPServer returns the MCP server whose tools call the coordinator through c.
-func newMCPServer(c *client.Client) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "sbx", Version: version}, nil)
-	call := func(ctx context.Context, method, path string, body any) (*mcp.CallToolResult, any, error) {
-		raw, err := c.Do(ctx, method, path, body)
-		if err != nil {
-			return nil, nil, err
-		}
-		return text(string(raw)), nil, nil
-	}
-	jobPath := func(id, suffix string) string { return "/v1/jobs/" + url.PathEscape(id) + suffix }
+// mcpInstructions is the server's instructions: what a model needs to use the tools together.
+const mcpInstructions = `sbx runs shell commands as background jobs, each in its own cgroup (optionally read-only sandboxed), on this machine or a fleet, and tells you when they end, print a line you asked about, or wait at a prompt.
 
-	mcp.AddTool(s, &mcp.Tool{Name: "run", Description: "Start a shell command in the background, or wait for it with block_until_ms. Returns the job, its output so far and whether it is still running."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpStart) (*mcp.CallToolResult, any, error) {
-			return call(ctx, "POST", "/v1/jobs", in)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "status", Description: "Show one job."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpJob) (*mcp.CallToolResult, any, error) {
-			return call(ctx, "GET", jobPath(in.ID, ""), nil)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "list", Description: "List jobs, newest first."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpList) (*mcp.CallToolResult, any, error) {
-			return call(ctx, "GET", client.JobsPath(client.JobsQuery{Session: in.Session, Status: in.Status, Limit: in.Limit}), nil)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "wait", Description: "Wait until a job ends, its output matches a pattern, or the timeout. A wait that sees the end means no finished notification follows."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpWait) (*mcp.CallToolResult, any, error) {
-			v := url.Values{}
-			if in.TimeoutMS > 0 {
-				v.Set("timeout_ms", strconv.FormatInt(in.TimeoutMS, 10))
-			}
-			if in.Pattern != "" {
-				v.Set("pattern", in.Pattern)
-			}
-			return call(ctx, "GET", jobPath(in.ID, "/wait?"+v.Encode()), nil)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "output", Description: "Read a job's output (stdout and stderr interleaved), from an offset."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpOutput) (*mcp.CallToolResult, any, error) {
-			limit := in.Limit
-			if limit <= 0 {
-				limit = mcpOutputLimit
-			}
-			out, total, err := c.Output(ctx, in.ID, in.Offset, limit)
-			if err != nil {
-				return nil, nil, err
-			}
-			msg := string(out)
-			if end := in.Offset + int64(len(out)); end < total {
-				msg += fmt.Sprintf("\n[%d more bytes: call output with offset=%d]", total-end, end)
-			}
-			return text(msg), nil, nil
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "kill", Description: "Stop a job and everything it started."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpKill) (*mcp.CallToolResult, any, error) {
-			var body any
-			if in.Signal != "" {
-				body = map[string]string{"signal": in.Signal}
-			}
-			return call(ctx, "POST", jobPath(in.ID, "/kill"), body)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "notifications", Description: "Notifications of a session after a seq: jobs that finished, matched a pattern, or wait at a prompt. Each carries a <system_notification> text."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpNotifications) (*mcp.CallToolResult, any, error) {
-			v := url.Values{}
-			if session := cmp.Or(in.Session, c.Session); session != "" {
-				v.Set("session", session)
-			}
-			if in.After != nil {
-				v.Set("after", strconv.FormatInt(*in.After, 10))
-			}
-			if in.WaitMS > 0 {
-				v.Set("wait_ms", strconv.FormatInt(in.WaitMS, 10))
-			}
-			return call(ctx, "GET", "/v1/notifications?"+v.Encode(), nil)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "ack", Description: "Mark a session's notifications up to seq as delivered."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpAck) (*mcp.CallToolResult, any, error) {
-			return call(ctx, "POST", "/v1/notifications/ack", in)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "end_session", Description: "End a session: its running jobs stop, with no notifications."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, in mcpJob) (*mcp.CallToolResult, any, error) {
-			return call(ctx, "DELETE", "/v1/sessions/"+url.PathEscape(in.ID), nil)
-		})
-	mcp.AddTool(s, &mcp.Tool{Name: "runners", Description: "List the runners, their slots and whether they can run readonly jobs."},
-		func(ctx context.Context, _ *mcp.CallToolRequest, _ mcpNone) (*mcp.CallToolResult, any, error) {
-			return call(ctx, "GET", "/v1/runners", nil)
-		})
+Jobs: "run" starts a command. With block_until_ms it waits for the end and returns the exit code and output (builds, tests, one-off commands); without, it returns the job id at once (servers, watchers, long builds). No call blocks longer than %s: a call that reaches that returns the job id, the output so far and a continuation, the exact "wait" call to make next. A long wait is a loop of such calls.
+Pattern (as AwaitShell): start a server in the background, then call "wait" with a pattern that matches the line saying it is up, e.g. {"id":ID,"pattern":"listening on|ready"}; then use it, and "kill" it when done.
+
+Input: a job started with stdin: true reads what "send" writes, e.g. the answer to a prompt that a stall notification reported; other jobs read nothing. "wait" without an id just sleeps.
+
+Output: a result shows at most the last %d KiB of output, with its byte offsets. Page through the rest with "output" (offset, limit), or read the job's output_path when you share the coordinator's machine.
+
+Notifications: when a background job ends (unless run or wait saw the end), when an output line matches notify_on_output, or when a job seems to wait at a prompt, sbx stores a notification for the job's session, with a seq and a text (a <system_notification> or <task-notification> block). They are pushed to you as they happen (%s) and listed by "notifications". After acting on them, call "ack" with the highest seq: acked ones are not listed again; one you have already seen (same seq) may appear again until acked.
+
+Sessions: every job belongs to a session (this connection's is %s). "end_session" stops all of a session's jobs without notifications.`
+
+// server returns an MCP server whose tools call the API through c, and whose sessions' notifications
+// are pushed by h. raw, when set, is the transport the server runs on: it also carries Claude Code
+// channel events, which the SDK has no method for.
+func (h *mcpHost) server(c *client.Client, raw *rawTransport) *mcp.Server {
+	session := `"default"`
+	if c.Session != "" {
+		session = fmt.Sprintf("%q", c.Session)
+	}
+	caps := &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}}
+	pushedAs := "as MCP log messages, once your client sets a log level"
+	if raw != nil {
+		pushedAs += `; in Claude Code with channels enabled, as <channel source="sbx"> events`
+		// Claude Code injects a channel's events into the model's context (when started with
+		// --channels or --dangerously-load-development-channels server:NAME).
+		caps.Experimental = map[string]any{claudeChannel: map[string]any{}}
+	}
+	s := mcp.NewServer(&mcp.Implementation{Name: "sbx", Title: "sbx background jobs", Version: version}, &mcp.ServerOptions{
+		Instructions: fmt.Sprintf(mcpInstructions, h.cfg.MaxBlock, mcpInlineOutput>>10, pushedAs, session),
+		Capabilities: caps,
+		SchemaCache:  h.schemas,
+		InitializedHandler: func(_ context.Context, req *mcp.InitializedRequest) {
+			h.startPusher(req.Session, c, raw)
+		},
+	})
+	s.AddReceivingMiddleware(h.watchLogLevel)
+	t := &mcpTools{c: c, cfg: h.cfg}
+	t.register(s)
 	return s
-}
-
-func text(s string) *mcp.CallToolResult {
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: s}}}
 }

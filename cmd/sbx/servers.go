@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,6 +65,7 @@ type coordinatorFlags struct {
 	stallAfter              time.Duration
 	retainAge               time.Duration
 	retainBytes             string
+	mcpMaxBlock             time.Duration
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -73,6 +75,7 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
+	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -260,6 +263,9 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 	if err != nil {
 		return err
 	}
+	if err := checkMaxBlock("--mcp-max-block", cf.mcpMaxBlock); err != nil {
+		return err
+	}
 	db, err := store.Open(filepath.Join(cf.data, "sbx.db"))
 	if err != nil {
 		return err
@@ -291,7 +297,11 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := httpapi.NewServer(svc, httpapi.Config{Token: token, Logger: log, Ready: bus.Ready, Version: version})
+	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log})
+	defer mcpHTTP.close()
+	srv := httpapi.NewServer(svc, httpapi.Config{Token: token, Logger: log, Ready: bus.Ready, Version: version,
+		Mount: map[string]http.Handler{"/mcp": mcpHTTP}})
+	mcpHTTP.API = srv.Handler()
 	srv.Open(ln)
 
 	var wg sync.WaitGroup

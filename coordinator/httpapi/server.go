@@ -42,6 +42,9 @@ type Config struct {
 	Ready func(context.Context) error
 	// Version is the build's version, reported by /healthz.
 	Version string
+	// Mount holds more handlers by ServeMux pattern ("/mcp"), served behind the same
+	// authentication as /v1.
+	Mount map[string]http.Handler
 }
 
 // Server serves the API of one coordinator.Service.
@@ -142,6 +145,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	for pattern, h := range s.cfg.Mount {
+		mux.Handle(pattern, h)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Any call carrying a session renews its lease.
 		if id := r.Header.Get("Sbx-Session"); id != "" {
