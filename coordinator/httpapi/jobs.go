@@ -41,7 +41,7 @@ type startReply struct {
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	var b startBody
-	if err := decodeBody(w, r, &b, false); err != nil {
+	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -84,7 +84,12 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleJob(w http.ResponseWriter, r *http.Request) {
-	job, err := s.svc.Job(r.Context(), r.PathValue("id"))
+	id, err := pathID(r, "job")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	job, err := s.svc.Job(r.Context(), id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -127,6 +132,11 @@ type waitReply struct {
 // handleWait is AwaitShell: it returns when the job ends, when pattern matches its output, or at
 // the timeout. The pattern is RE2 in multiline mode: ^ and $ match at line boundaries.
 func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r, "job")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	timeout, err := queryInt(r, "timeout_ms", coordinator.DefaultWait.Milliseconds(), 0, coordinator.MaxWaitTimeout.Milliseconds())
 	if err != nil {
 		s.writeError(w, r, err)
@@ -139,7 +149,7 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	res, err := s.svc.Wait(r.Context(), r.PathValue("id"), time.Duration(timeout)*time.Millisecond, re)
+	res, err := s.svc.Wait(r.Context(), id, time.Duration(timeout)*time.Millisecond, re)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -168,6 +178,11 @@ func compilePattern(p string) (*regexp.Regexp, error) {
 // follow=true everything until the job ends (chunked, flushed as it comes). Sbx-Output-Length is
 // the output's size when the reply starts.
 func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r, "job")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	offset, err := queryInt(r, "offset", 0, 0, proto.MaxOutputBytes)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -187,7 +202,6 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("limit cannot be combined with follow=true."))
 		return
 	}
-	id := r.PathValue("id")
 	if follow {
 		limit = 0 // only the size and the job's existence, checked before the reply starts
 	}
@@ -232,12 +246,16 @@ type killReply struct {
 }
 
 func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
-	var b killBody
-	if err := decodeBody(w, r, &b, true); err != nil {
+	id, err := pathID(r, "job")
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	id := r.PathValue("id")
+	var b killBody
+	if err := decodeBody(r, &b, true); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	if err := s.svc.Kill(r.Context(), id, b.Signal); err != nil {
 		s.writeError(w, r, err)
 		return
