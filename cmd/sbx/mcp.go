@@ -26,11 +26,10 @@ func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stde
 	} else if len(pos) > 0 {
 		return usageError("mcp takes no arguments")
 	}
-	addr := getenv("SBX_ADDR")
-	if addr == "" {
-		addr = "http://127.0.0.1:7070"
+	c, err := client.FromEnv(getenv)
+	if err != nil {
+		return err
 	}
-	c := client.New(addr, getenv("SBX_TOKEN"))
 	c.Session = *session
 	return newMCPServer(c).Run(ctx, &mcp.StdioTransport{})
 }
