@@ -118,7 +118,7 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	addr := ln.Addr().(*net.TCPAddr)
 	if token == "" && !addr.IP.IsLoopback() && !cf.insecureNoToken {
 		ln.Close()
-		return nil, usageError("refusing to serve the API on %s without a token: whoever reaches it runs commands on the runners. Give --token-file FILE, or listen on 127.0.0.1", addr)
+		return nil, usageError("refusing to serve the API on %s without a token: whoever reaches it runs commands on the runners. Give --token-file FILE, or listen on 127.0.0.1", cf.listen)
 	}
 	// A client that reaches the API by the address it listens on sends that in Host.
 	if host, _, err := net.SplitHostPort(cf.listen); err == nil && host != "" && !addr.IP.IsUnspecified() {
@@ -179,14 +179,14 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return usageError("--nats-listen: %v", err)
 	}
-	if err := privateDir(cf.data); err != nil {
-		return err
-	}
 	api, err := openAPI(cf, log)
 	if err != nil {
 		return err
 	}
 	defer api.ln.Close()
+	if err := privateDir(cf.data); err != nil {
+		return err
+	}
 	ns, err := server.NewServer(&server.Options{
 		ServerName: "sbx", Host: host, Port: port, JetStream: true, NoSigs: true,
 		StoreDir: filepath.Join(cf.data, "nats"), MaxPayload: 2 << 20,
@@ -249,14 +249,14 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		return usageError("coordinator: --nats URL is required")
 	}
 	log := newLogger(stderr)
-	if err := privateDir(cf.data); err != nil {
-		return err
-	}
 	api, err := openAPI(cf, log)
 	if err != nil {
 		return err
 	}
 	defer api.ln.Close()
+	if err := privateDir(cf.data); err != nil {
+		return err
+	}
 	nc, err := connect(log, "sbx-coordinator", *natsURL)
 	if err != nil {
 		return err
