@@ -39,6 +39,12 @@ type Config struct {
 	MonitorWindow   time.Duration
 	// MonitorTimeout is a monitor's timeout unless it is persistent or sets its own (30 min).
 	MonitorTimeout time.Duration
+	// RetainAge is how long an ended job (its record and output) and a notification are kept (7 days);
+	// RetainBytes bounds the output of the ended jobs kept (10 GiB): past it the oldest go first.
+	// RetentionInterval is how often they are applied (1 min).
+	RetainAge         time.Duration
+	RetainBytes       int64
+	RetentionInterval time.Duration
 	Now            func() time.Time
 	Logger         *slog.Logger
 }
@@ -77,6 +83,15 @@ func (c *Config) setDefaults() {
 	if c.MonitorTimeout == 0 {
 		c.MonitorTimeout = 30 * time.Minute
 	}
+	if c.RetainAge == 0 {
+		c.RetainAge = DefaultRetainAge
+	}
+	if c.RetainBytes == 0 {
+		c.RetainBytes = DefaultRetainBytes
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = time.Minute
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -102,6 +117,8 @@ type Service struct {
 	// notesChanged is closed and replaced whenever a notification is stored.
 	notesChanged chan struct{}
 	stats        Stats
+	// outputTotal is the output of the ended jobs in the store, for RetainBytes.
+	outputTotal int64
 
 	// strays are the kill requests sent to runners in the background (stopStray); Run waits for them.
 	strays sync.WaitGroup
@@ -128,9 +145,10 @@ type liveJob struct {
 	quiet        bool
 	watch        *watch // nil when nothing watches the output
 	// lastGrowth is when the body last grew; stallChecked is set once the current quiet spell was
-	// looked at for a prompt.
-	lastGrowth   time.Time
-	stallChecked bool
+	// looked at for a prompt, stallNotified once a stall was notified (once per job).
+	lastGrowth    time.Time
+	stallChecked  bool
+	stallNotified bool
 }
 
 // wrote records a chunk written at [off, end) and reports whether the gap-free body grew.
@@ -185,6 +203,9 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		}
 		s.sessions[st.ID] = st
 	}
+	if s.outputTotal, err = storedOutput(ctx, jobs); err != nil {
+		return nil, err
+	}
 	unfinished, err := jobs.UnfinishedJobs(ctx)
 	if err != nil {
 		return nil, err
@@ -221,8 +242,9 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	now := s.cfg.Now()
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Cwd: req.Cwd,
-		Readonly: req.Readonly, User: req.User, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
+		NotificationFormat: req.NotificationFormat,
 	}
 	if job.Limits.OutputBytes == 0 {
 		job.Limits.OutputBytes = s.cfg.DefaultOutputBytes
@@ -233,7 +255,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job.OutputPath = s.out.Path(job.ID)
 	work := &proto.Work{
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
-		Readonly: job.Readonly, User: job.User, Pool: job.Pool, Limits: job.Limits,
+		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
 	}
 
 	s.mu.Lock()
@@ -291,6 +313,7 @@ func (s *Service) snapshot(id string, fallback *Job) *Job {
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
+		j.QueuedReason = s.queuedReasonLocked(&j)
 		return &j
 	}
 	j := *fallback
@@ -331,6 +354,7 @@ func (s *Service) watch(ctx context.Context, id string) (*Job, int64, <-chan str
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
+		j.QueuedReason = s.queuedReasonLocked(&j)
 		size, ch := l.size, l.changed
 		s.mu.Unlock()
 		return &j, size, ch, nil
@@ -351,14 +375,20 @@ type WaitResult struct {
 	Job            *Job
 	Done           bool
 	PatternMatched bool
+	// Matched is the text the pattern matched (at most MaxMatchBytes), at MatchedOffset in the output.
+	Matched       string
+	MatchedOffset int64
 }
 
 // Wait returns when the job ends, when pattern (if any) matches its output so far, or after timeout.
 // While it waits it observes the job: an end it reports is not notified.
+//
+// A timeout above MaxWaitTimeout is clamped to it, as the agent tools do.
 func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pattern *regexp.Regexp) (*WaitResult, error) {
-	if timeout < 0 || timeout > MaxWaitTimeout {
-		return nil, Errorf(EINVALID, "timeout_ms must be between 0 and %d.", MaxWaitTimeout.Milliseconds())
+	if timeout < 0 {
+		return nil, Errorf(EINVALID, "timeout_ms must not be negative.")
 	}
+	timeout = min(timeout, MaxWaitTimeout)
 	s.mu.Lock()
 	l := s.live[id]
 	if l != nil {
@@ -386,12 +416,12 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 			return nil, err
 		}
 		if scan != nil {
-			matched, err := scan.advance(s.out, id, size)
+			m, err := scan.advance(s.out, id, size)
 			if err != nil {
 				return nil, err
 			}
-			if matched {
-				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true}, nil
+			if m != nil {
+				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true, Matched: string(m.text), MatchedOffset: m.offset}, nil
 			}
 		}
 		if changed == nil {
@@ -421,7 +451,7 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 	if sawEnd {
 		l.endSeen = true
 	}
-	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet {
+	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet || l.endNotified() {
 		return
 	}
 	l.endSeen = true // once
@@ -667,7 +697,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 		}
 		if l.observers > 0 {
 			j.Observed = true
-		} else {
+		} else if !l.endNotified() {
 			notes = append(notes, finishedNote(j))
 		}
 		if err := s.addNotesLocked(ctx, l, notes); err != nil {
@@ -687,6 +717,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	}
 	delete(s.live, j.ID)
 	s.stats.JobsEnded[j.Status]++
+	s.outputTotal += j.OutputBytes
 	l.notify()
 	return nil
 }
@@ -787,6 +818,9 @@ func (s *Service) Run(ctx context.Context) {
 	defer check.Stop()
 	notify := time.NewTicker(s.cfg.NotifyInterval)
 	defer notify.Stop()
+	retain := time.NewTicker(s.cfg.RetentionInterval)
+	defer retain.Stop()
+	s.retain(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -795,6 +829,8 @@ func (s *Service) Run(ctx context.Context) {
 			s.touchHeaders()
 		case <-check.C:
 			s.markLost(ctx)
+		case <-retain.C:
+			s.retain(ctx)
 		case <-notify.C:
 			s.checkNotes(ctx)
 			s.endExpired(ctx)

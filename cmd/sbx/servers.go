@@ -67,6 +67,8 @@ type coordinatorFlags struct {
 	allowHosts              stringList
 	insecureNoToken         bool
 	stallAfter              time.Duration
+	retainAge               time.Duration
+	retainBytes             string
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -78,6 +80,8 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.Var(&c.allowHosts, "allow-host", "a name clients reach the API by, accepted in the Host header besides localhost, 127.0.0.1 and [::1] (repeatable; '*' accepts any and needs --token-file)")
 	fs.BoolVar(&c.insecureNoToken, "insecure-no-token", false, "listen beyond loopback without a token: only for a container whose port is published on the host's loopback alone")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
+	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
+	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 }
 
 // api is the HTTP API's listener and its server's settings. It is opened before anything else
@@ -129,16 +133,17 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 
 // runnerFlags are the flags serve and runner share.
 type runnerFlags struct {
-	id, pool, cgroupRoot, user string
-	users                      stringList
-	slots                      int
+	id, pool, cgroupRoot, user, shell string
+	users                             stringList
+	slots                             int
 }
 
 func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.id, "id", "", "runner id (default: the host name)")
 	fs.StringVar(&r.pool, "pool", "default", "pool whose work this runner takes")
-	fs.IntVar(&r.slots, "slots", 4, "jobs run at once")
+	fs.IntVar(&r.slots, "slots", runner.DefaultSlots, "jobs run at once at most (a guard, not a CPU count: dev servers and watchers hold slots for hours)")
 	fs.StringVar(&r.cgroupRoot, "cgroup-root", "sbx", "cgroup under which the runner makes its jobs' cgroups")
+	fs.StringVar(&r.shell, "shell", "", "absolute path of the shell jobs run in by default (default: bash when installed, else /bin/sh)")
 	fs.StringVar(&r.user, "user", "", "user jobs run as (default: the runner's own; serve started with sudo: $SUDO_USER)")
 	fs.Var(&r.users, "allow-user", "another user a job may ask for with \"user\" (repeatable; needs --user)")
 }
@@ -329,7 +334,16 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	if err != nil {
 		return err
 	}
-	svc, err := coordinator.New(ctx, coordinator.Config{CheckCwd: local, Logger: log, StallAfter: cf.stallAfter}, db, terms, bus)
+	retainBytes, err := parseBytes(cf.retainBytes)
+	if err != nil || retainBytes <= 0 {
+		return usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
+	}
+	if cf.retainAge <= 0 {
+		return usageError("--retain-age must be positive")
+	}
+	svc, err := coordinator.New(ctx, coordinator.Config{
+		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RetainAge: cf.retainAge, RetainBytes: retainBytes,
+	}, db, terms, bus)
 	if err != nil {
 		return err
 	}
@@ -370,7 +384,7 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 // serveRunner runs a runner until ctx ends.
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
-		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users,
+		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, Shell: rf.shell,
 		Cgroup: sandbox.Config{Root: rf.cgroupRoot},
 	})
 	if err != nil {

@@ -32,6 +32,8 @@ func TestBodyTimeout(t *testing.T) {
 		{"complete JSON, more announced", "POST /v1/jobs HTTP/1.1\r\n" + auth + "Content-Length: 100\r\n\r\n{}", 408},
 		{"chunked", "POST /v1/notifications/ack HTTP/1.1\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n5\r\n{\"seq", 408},
 		{"kill", "POST /v1/jobs/" + id + "/kill HTTP/1.1\r\n" + auth + "Content-Length: 100\r\n\r\n{", 408},
+		{"stdin", "POST /v1/jobs/" + id + "/stdin HTTP/1.1\r\n" + auth + "Content-Length: 100\r\n\r\n{\"data\":", 408},
+		{"sleep", "GET /v1/wait?timeout_ms=100 HTTP/1.1\r\n" + auth + "Content-Length: 100\r\n\r\n{", 408},
 		{"renew ignores its body", "POST /v1/sessions/default/renew HTTP/1.1\r\n" + auth + "Content-Length: 100\r\n\r\n{", 408},
 		{"GET with a body", "GET /v1/jobs/" + id + " HTTP/1.1\r\n" + auth + "Content-Length: 100\r\n\r\n{", 408},
 		{"wait with a body", "GET /v1/jobs/" + id + "/wait HTTP/1.1\r\n" + auth + "Content-Length: 100\r\n\r\n{", 408},

@@ -470,6 +470,7 @@ func TestPathIDs(t *testing.T) {
 		{"GET", "/v1/jobs/no%20such/wait", 400, "invalid", `job id "no such"`},
 		{"GET", "/v1/jobs/a.b/output", 400, "invalid", `job id "a.b"`},
 		{"POST", "/v1/jobs/%2E/kill", 400, "invalid", `job id "."`},
+		{"POST", "/v1/jobs/..%2Fx/stdin", 400, "invalid", `job id "../x"`},
 		{"GET", "/v1/sessions/a%2Fb", 400, "invalid", `session id "a/b"`},
 		{"POST", "/v1/sessions/%2E%2E/renew", 400, "invalid", `session id ".."`},
 		{"DELETE", "/v1/sessions/a%20b", 400, "invalid", `session id "a b"`},
