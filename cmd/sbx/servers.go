@@ -92,8 +92,9 @@ type api struct {
 	url string // http://ADDR or https://ADDR
 }
 
-// openAPI reads the token and the TLS certificate and listens. Without a token it listens on
-// loopback only: anyone who reaches the API runs commands on the runners.
+// openAPI reads the token and the TLS certificate, listens, and makes the data directory private:
+// what a coordinator checks before anything starts. Without a token it listens on loopback only:
+// anyone who reaches the API runs commands on the runners.
 func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	token, err := readToken(cf.tokenFile)
 	if err != nil {
@@ -123,6 +124,10 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if token == "" && !addr.IP.IsLoopback() && !cf.insecureNoToken {
 		ln.Close()
 		return nil, usageError("refusing to serve the API on %s without a token: whoever reaches it runs commands on the runners. Give --token-file FILE, or listen on 127.0.0.1", cf.listen)
+	}
+	if err := privateDir(cf.data); err != nil {
+		ln.Close()
+		return nil, err
 	}
 	// A client that reaches the API by the address it listens on sends that in Host.
 	if host, _, err := net.SplitHostPort(cf.listen); err == nil && host != "" && !addr.IP.IsUnspecified() {
@@ -189,9 +194,6 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	defer api.ln.Close()
-	if err := privateDir(cf.data); err != nil {
-		return err
-	}
 	ns, err := server.NewServer(&server.Options{
 		ServerName: "sbx", Host: host, Port: port, JetStream: true, NoSigs: true,
 		StoreDir: filepath.Join(cf.data, "nats"), MaxPayload: 2 << 20,
@@ -259,9 +261,6 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		return err
 	}
 	defer api.ln.Close()
-	if err := privateDir(cf.data); err != nil {
-		return err
-	}
 	nc, err := connect(log, "sbx-coordinator", *natsURL)
 	if err != nil {
 		return err
