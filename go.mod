@@ -11,6 +11,7 @@ require (
 	github.com/seccomp/libseccomp-golang v0.11.1
 	go.etcd.io/bbolt v1.5.0
 	golang.org/x/net v0.62.0
+	golang.org/x/sync v0.20.0
 	golang.org/x/sys v0.50.0
 )
 
@@ -36,7 +37,6 @@ require (
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/exp v0.0.0-20241108190413-2d47ceb2692f // indirect
 	golang.org/x/oauth2 v0.35.0 // indirect
-	golang.org/x/sync v0.20.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.35.2 // indirect
 )

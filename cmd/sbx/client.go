@@ -1,14 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -31,14 +32,13 @@ type clientCmd struct {
 }
 
 func cmdClient(ctx context.Context, name string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	addr := getenv("SBX_ADDR")
-	if addr == "" {
-		addr = "http://127.0.0.1:7070"
+	c, err := client.FromEnv(getenv)
+	if err != nil {
+		return err
 	}
-	cc := &clientCmd{c: client.New(addr, getenv("SBX_TOKEN")), stdout: stdout, stderr: stderr, addr: addr}
+	cc := &clientCmd{c: c, stdout: stdout, stderr: stderr, addr: cmp.Or(getenv("SBX_ADDR"), client.DefaultAddr)}
 	fs := newFlags(name, stderr)
 	fs.BoolVar(&cc.json, "json", false, "print the API's JSON")
-	var err error
 	switch name {
 	case "run":
 		err = cc.run(ctx, fs, args)
@@ -68,11 +68,14 @@ func cmdClient(ctx context.Context, name string, args []string, getenv func(stri
 func (cc *clientCmd) explain(err error) error {
 	var apiErr *client.Error
 	var netErr *net.OpError
+	var certErr *tls.CertificateVerificationError
 	switch {
 	case err == nil:
 		return nil
 	case errors.As(err, &apiErr):
 		return &exitError{code: 1, msg: apiErr.Message + " (" + apiErr.Code + ")"}
+	case errors.As(err, &certErr):
+		return &exitError{code: 1, msg: fmt.Sprintf("the coordinator at %s has a certificate this client does not trust (set SBX_CA_FILE to its CA's PEM file): %v", cc.addr, certErr.Err)}
 	case errors.As(err, &netErr):
 		return &exitError{code: 1, msg: fmt.Sprintf("cannot reach the coordinator at %s (is `sbx serve` running? set SBX_ADDR): %v", cc.addr, netErr.Err)}
 	}
@@ -300,7 +303,7 @@ func (cc *clientCmd) status(ctx context.Context, fs *flag.FlagSet, args []string
 	if err != nil {
 		return err
 	}
-	raw, err := cc.c.Do(ctx, "GET", "/v1/jobs/"+id, nil)
+	raw, err := cc.c.Do(ctx, "GET", client.JobPath(id, ""), nil)
 	if err != nil {
 		return err
 	}
@@ -431,7 +434,7 @@ func (cc *clientCmd) kill(ctx context.Context, fs *flag.FlagSet, args []string) 
 	if *signal != "" {
 		body = map[string]string{"signal": *signal}
 	}
-	raw, err := cc.c.Do(ctx, "POST", "/v1/jobs/"+id+"/kill", body)
+	raw, err := cc.c.Do(ctx, "POST", client.JobPath(id, "/kill"), body)
 	if err != nil {
 		return err
 	}
@@ -539,7 +542,7 @@ func (cc *clientCmd) endSession(ctx context.Context, fs *flag.FlagSet, args []st
 	if len(pos) != 1 {
 		return usageError("end-session: want exactly one session id, got %d arguments", len(pos))
 	}
-	raw, err := cc.c.Do(ctx, "DELETE", "/v1/sessions/"+url.PathEscape(pos[0]), nil)
+	raw, err := cc.c.Do(ctx, "DELETE", client.SessionPath(pos[0], ""), nil)
 	if err != nil {
 		return err
 	}

@@ -103,11 +103,10 @@ func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stde
 	if f := *format; f != "" && f != client.FormatSystem && f != client.FormatTask {
 		return usageError("--format must be %s or %s", client.FormatSystem, client.FormatTask)
 	}
-	addr := getenv("SBX_ADDR")
-	if addr == "" {
-		addr = "http://127.0.0.1:7070"
+	c, err := client.FromEnv(getenv)
+	if err != nil {
+		return err
 	}
-	c := client.New(addr, getenv("SBX_TOKEN"))
 	c.Session = *session
 	// An agent's harness starts the server in the project's directory: a job runs there unless
 	// the call names another.

@@ -3,9 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -61,34 +58,10 @@ func (m *mcpHTTP) server(r *http.Request) *mcp.Server {
 	return m.host.server(c, nil)
 }
 
+// ServeHTTP serves the MCP endpoint. It is mounted behind the API's checks (httpapi.Config.Handlers),
+// which have read and bounded a POST's body already (size, time, JSON).
 func (m *mcpHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodPost {
-		// Read the message within the API's body timeout, as /v1 does; the reply may then stream
-		// for as long as a blocking call lasts.
-		rc := http.NewResponseController(w)
-		deadline := rc.SetReadDeadline(time.Now().Add(httpapi.BodyTimeout)) == nil
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, httpapi.MaxBodyBytes))
-		if deadline {
-			_ = rc.SetReadDeadline(time.Time{})
-		}
-		if err != nil {
-			status, code, msg := http.StatusBadRequest, "invalid", "body: "+err.Error()
-			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-				status, code, msg = http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("body is larger than %d bytes.", mbe.Limit)
-			}
-			writeJSONError(w, status, code, msg)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-	}
 	m.mcp.ServeHTTP(w, r)
-}
-
-// writeJSONError writes the API's error shape.
-func writeJSONError(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }
 
 // handlerTransport is an http.RoundTripper that serves each request with an in-process handler

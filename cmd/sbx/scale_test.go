@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/sbx-dev/sbx/coordinator/client"
 )
 
@@ -71,15 +69,7 @@ func TestScaleOut(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("needs the go tool to build sbx")
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
+	ns := startNATS(t)
 	bin := buildSbx(t)
 	url := ns.ClientURL()
 	lines := startProcess(t, bin, "coordinator", "--nats", url, "--listen", "127.0.0.1:0", "--data", t.TempDir())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,13 +12,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
@@ -62,6 +64,9 @@ func newLogger(stderr io.Writer) *slog.Logger {
 // coordinatorFlags are the flags serve and coordinator share.
 type coordinatorFlags struct {
 	listen, data, tokenFile string
+	tlsCert, tlsKey         string
+	allowHosts              stringList
+	insecureNoToken         bool
 	stallAfter              time.Duration
 	retainAge               time.Duration
 	retainBytes             string
@@ -71,11 +76,79 @@ type coordinatorFlags struct {
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7070", "HTTP API address")
 	fs.StringVar(&c.data, "data", defaultDataDir(getenv), "data directory")
-	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the bearer token every /v1 call must carry")
+	fs.StringVar(&c.tokenFile, "token-file", "", "file (mode 0600) holding the bearer token every call but the probes must carry; required to listen beyond loopback")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "PEM certificate (chain) to serve the API over HTTPS with; needs --tls-key")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.Var(&c.allowHosts, "allow-host", "a name clients reach the API by, accepted in the Host header besides localhost, 127.0.0.1 and [::1] (repeatable; '*' accepts any and needs --token-file)")
+	fs.BoolVar(&c.insecureNoToken, "insecure-no-token", false, "listen beyond loopback without a token: only for a container whose port is published on the host's loopback alone")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
+}
+
+// api is the HTTP API's listener and its server's settings. It is opened before anything else
+// starts, so that a mistake in them stops the process at once.
+type api struct {
+	ln  net.Listener
+	cfg httpapi.Config
+	url string // http://ADDR or https://ADDR
+	// retainBytes is --retain-bytes, parsed.
+	retainBytes int64
+}
+
+// openAPI checks the coordinator's flags, reads the token and the TLS certificate, listens, and makes
+// the data directory private: what a coordinator checks before anything starts. Without a token it listens on loopback only:
+// anyone who reaches the API runs commands on the runners.
+func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
+	if err := checkMaxBlock("--mcp-max-block", cf.mcpMaxBlock); err != nil {
+		return nil, err
+	}
+	retainBytes, err := parseBytes(cf.retainBytes)
+	if err != nil || retainBytes <= 0 {
+		return nil, usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
+	}
+	if cf.retainAge <= 0 {
+		return nil, usageError("--retain-age must be positive")
+	}
+	token, err := readToken(cf.tokenFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg := httpapi.Config{Token: token, Logger: log, Version: version, AllowedHosts: cf.allowHosts}
+	if token == "" && slices.Contains(cf.allowHosts, httpapi.AnyHost) {
+		return nil, usageError("--allow-host '*' needs --token-file: without a token, the Host check is what keeps web pages out (DNS rebinding)")
+	}
+	if (cf.tlsCert == "") != (cf.tlsKey == "") {
+		return nil, usageError("--tls-cert and --tls-key go together")
+	}
+	scheme := "http"
+	if cf.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(cf.tlsCert, cf.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("load --tls-cert/--tls-key: %w", err)
+		}
+		cfg.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		scheme = "https"
+	}
+	ln, err := net.Listen("tcp", cf.listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	if token == "" && !addr.IP.IsLoopback() && !cf.insecureNoToken {
+		ln.Close()
+		return nil, usageError("refusing to serve the API on %s without a token: whoever reaches it runs commands on the runners. Give --token-file FILE, or listen on 127.0.0.1", cf.listen)
+	}
+	if err := privateDir(cf.data); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	// A client that reaches the API by the address it listens on sends that in Host.
+	if host, _, err := net.SplitHostPort(cf.listen); err == nil && host != "" && !addr.IP.IsUnspecified() {
+		cfg.AllowedHosts = append(cfg.AllowedHosts, host)
+	}
+	return &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes}, nil
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -131,9 +204,11 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return usageError("--nats-listen: %v", err)
 	}
-	if err := os.MkdirAll(cf.data, 0o755); err != nil {
-		return fmt.Errorf("create data dir: %w", err)
+	api, err := openAPI(cf, log)
+	if err != nil {
+		return err
 	}
+	defer api.ln.Close()
 	ns, err := server.NewServer(&server.Options{
 		ServerName: "sbx", Host: host, Port: port, JetStream: true, NoSigs: true,
 		StoreDir: filepath.Join(cf.data, "nats"), MaxPayload: 2 << 20,
@@ -157,34 +232,31 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	defer runnerConn.Close()
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	ready := make(chan string, 1)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		errs <- serveCoordinator(ctx, coordConn, cf, true, log, ready)
-		cancel()
-	}()
-	go func() {
-		defer wg.Done()
-		errs <- serveRunner(ctx, runnerConn, rf, log)
-		cancel()
-	}()
-	select {
-	case addr := <-ready:
-		fmt.Fprintf(stdout, "sbx %s: API http://%s, NATS nats://%s, data %s\n", version, addr, ns.Addr(), cf.data)
-	case <-ctx.Done():
-	}
-	wg.Wait()
-	close(errs)
-	var all []error
-	for err := range errs {
-		all = append(all, err)
-	}
-	return errors.Join(all...)
+	// The embedded server has no channel for its end; this goroutine ends with the deferred Shutdown.
+	nsDone := make(chan struct{})
+	go func() { ns.WaitForShutdown(); close(nsDone) }()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return supervise(gctx, "coordinator", func(ctx context.Context) error {
+			return serveCoordinator(ctx, coordConn, cf, api, true, log, func() {
+				fmt.Fprintf(stdout, "sbx %s: API %s, NATS nats://%s, data %s\n", version, api.url, ns.Addr(), cf.data)
+			})
+		})
+	})
+	g.Go(func() error {
+		return supervise(gctx, "runner", func(ctx context.Context) error { return serveRunner(ctx, runnerConn, rf, log) })
+	})
+	g.Go(func() error {
+		return supervise(gctx, "embedded nats", func(ctx context.Context) error {
+			select {
+			case <-ctx.Done():
+			case <-nsDone:
+			}
+			return nil
+		})
+	})
+	return g.Wait()
 }
 
 func cmdCoordinator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -199,20 +271,21 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		return usageError("coordinator: --nats URL is required")
 	}
 	log := newLogger(stderr)
+	api, err := openAPI(cf, log)
+	if err != nil {
+		return err
+	}
+	defer api.ln.Close()
 	nc, err := connect(log, "sbx-coordinator", *natsURL)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	ready := make(chan string, 1)
-	go func() {
-		select {
-		case addr := <-ready:
-			fmt.Fprintf(stdout, "sbx %s: API http://%s, data %s\n", version, addr, cf.data)
-		case <-ctx.Done():
-		}
-	}()
-	return serveCoordinator(ctx, nc, cf, false, log, ready)
+	return supervise(ctx, "coordinator", func(ctx context.Context) error {
+		return serveCoordinator(ctx, nc, cf, api, false, log, func() {
+			fmt.Fprintf(stdout, "sbx %s: API %s, data %s\n", version, api.url, cf.data)
+		})
+	})
 }
 
 func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr io.Writer) error {
@@ -257,15 +330,10 @@ func connect(log *slog.Logger, name, url string, opts ...nats.Option) (*nats.Con
 	return nc, nil
 }
 
-// serveCoordinator runs the coordinator until ctx ends. It sends the API's address on ready.
-func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, local bool, log *slog.Logger, ready chan<- string) error {
-	token, err := readToken(cf.tokenFile)
-	if err != nil {
-		return err
-	}
-	if err := checkMaxBlock("--mcp-max-block", cf.mcpMaxBlock); err != nil {
-		return err
-	}
+// serveCoordinator runs the coordinator until ctx ends, serving the API on api; it calls ready once
+// the API is served. Its parts (the HTTP API, the event consumer, the service's loop) are
+// supervised: one that stops by itself stops the others, and serveCoordinator returns an error.
+func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *api, local bool, log *slog.Logger, ready func()) error {
 	db, err := store.Open(filepath.Join(cf.data, "sbx.db"))
 	if err != nil {
 		return err
@@ -280,47 +348,48 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 	if err != nil {
 		return err
 	}
-	retainBytes, err := parseBytes(cf.retainBytes)
-	if err != nil || retainBytes <= 0 {
-		return usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
-	}
-	if cf.retainAge <= 0 {
-		return usageError("--retain-age must be positive")
-	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
-		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RetainAge: cf.retainAge, RetainBytes: retainBytes,
+		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
 	}, db, terms, bus)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cf.listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
+	cfg := api.cfg
+	cfg.Ready = bus.Ready
 	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log})
 	defer mcpHTTP.close()
-	srv := httpapi.NewServer(svc, httpapi.Config{Token: token, Logger: log, Ready: bus.Ready, Version: version,
-		Mount: map[string]http.Handler{"/mcp": mcpHTTP}})
+	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
+	srv := httpapi.NewServer(svc, cfg)
 	mcpHTTP.API = srv.Handler()
-	srv.Open(ln)
 
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); svc.Run(ctx) }()
-	consumeErr := make(chan error, 1)
-	go func() { defer wg.Done(); consumeErr <- bus.Consume(ctx, svc) }()
-	ready <- ln.Addr().String()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return supervise(gctx, "service loop", func(ctx context.Context) error { svc.Run(ctx); return nil })
+	})
+	g.Go(func() error {
+		return supervise(gctx, "event consumer", func(ctx context.Context) error { return bus.Consume(ctx, svc) })
+	})
+	g.Go(func() error {
+		return supervise(gctx, "http api", func(ctx context.Context) error { return srv.Serve(ctx, api.ln) })
+	})
+	ready()
+	return g.Wait()
+}
 
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-consumeErr:
+// supervise runs part until ctx ends. A part that returns while ctx is live stopped by itself: that
+// is an error even when it says nil, so that the process exits non-zero and whatever supervises it
+// (systemd, compose) restarts it. Once ctx ended, the part's cancellation is no error.
+func supervise(ctx context.Context, name string, part func(context.Context) error) error {
+	err := part(ctx)
+	switch {
+	case ctx.Err() == nil && err == nil:
+		return fmt.Errorf("%s stopped by itself", name)
+	case ctx.Err() == nil:
+		return fmt.Errorf("%s stopped: %w", name, err)
+	case errors.Is(err, context.Canceled):
+		return nil
 	}
-	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	closeErr := srv.Close(shutdown)
-	wg.Wait()
-	return errors.Join(runErr, closeErr)
+	return err
 }
 
 // serveRunner runs a runner until ctx ends.
@@ -335,10 +404,19 @@ func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, log *slog.L
 	return r.Run(ctx)
 }
 
-// readToken reads the bearer token from a file; no file means no token.
+// readToken reads the bearer token from a file; no file means no token. A file that group or
+// others may read or write is refused, as ssh refuses such a private key: the token is a root shell
+// on every runner.
 func readToken(path string) (string, error) {
 	if path == "" {
 		return "", nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	if mode := fi.Mode().Perm(); mode&0o077 != 0 {
+		return "", fmt.Errorf("token file %s has mode %04o: group and others must have no access (chmod 600 %s)", path, mode, path)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -349,6 +427,18 @@ func readToken(path string) (string, error) {
 		return "", fmt.Errorf("token file %s is empty", path)
 	}
 	return token, nil
+}
+
+// privateDir creates the data directory, or tightens an existing one, to 0700: it holds every
+// job's output and the store.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	return nil
 }
 
 func splitHostPort(addr string) (string, int, error) {

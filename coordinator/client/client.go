@@ -5,10 +5,15 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"os"
 	"strings"
 )
 
@@ -31,11 +36,68 @@ type Client struct {
 	Session string
 }
 
-// New returns a client of the coordinator at addr ("http://127.0.0.1:7070"). token, when not
-// empty, is sent as "Authorization: Bearer token".
+// DefaultAddr is the coordinator's address when SBX_ADDR is not set.
+const DefaultAddr = "http://127.0.0.1:7070"
+
+// New returns a client of the coordinator at addr ("http://127.0.0.1:7070", or https://). token,
+// when not empty, is sent as "Authorization: Bearer token". The client follows no redirect: the
+// API never sends one, and following one could take a request to another route or host.
 func New(addr, token string) *Client {
-	return &Client{addr: strings.TrimRight(addr, "/"), token: token, HTTPClient: &http.Client{}}
+	return &Client{addr: strings.TrimRight(addr, "/"), token: token, HTTPClient: &http.Client{
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
 }
+
+// FromEnv returns a client configured the way every sbx client command is: SBX_ADDR (default
+// DefaultAddr), SBX_TOKEN, and SBX_CA_FILE, a PEM file of the certificates to trust for an https
+// address besides the system's (for a self-signed coordinator).
+func FromEnv(getenv func(string) string) (*Client, error) {
+	addr := getenv("SBX_ADDR")
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	if u, err := url.Parse(addr); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("SBX_ADDR %q is not an http:// or https:// address", addr)
+	}
+	c := New(addr, getenv("SBX_TOKEN"))
+	if path := getenv("SBX_CA_FILE"); path != "" {
+		pool, err := certPool(path)
+		if err != nil {
+			return nil, fmt.Errorf("SBX_CA_FILE: %w", err)
+		}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		c.HTTPClient.Transport = t
+	}
+	return c, nil
+}
+
+// certPool is the system's certificates and those of the PEM file at path.
+func certPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool() // no system pool: the file's certificates only
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New(path + " holds no PEM certificate")
+	}
+	return pool, nil
+}
+
+// JobPath is the path of a job ("/v1/jobs/{id}") followed by suffix ("/wait?timeout_ms=0").
+func JobPath(id, suffix string) string { return "/v1/jobs/" + escapeID(id) + suffix }
+
+// SessionPath is the path of a session ("/v1/sessions/{id}") followed by suffix ("/renew").
+func SessionPath(id, suffix string) string { return "/v1/sessions/" + escapeID(id) + suffix }
+
+// escapeID makes id one path segment, whatever it holds: url.PathEscape, and dots escaped too, so
+// that "." and ".." reach the server as ids (which it refuses) rather than as segments that move
+// the path to another route.
+func escapeID(id string) string { return strings.ReplaceAll(url.PathEscape(id), ".", "%2E") }
 
 // Error is an error reply of the API.
 type Error struct {

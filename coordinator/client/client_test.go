@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -238,6 +240,15 @@ func TestErrors(t *testing.T) {
 		{"output of unknown", func() error { _, _, err := c.Output(ctx, "nope", 0, -1); return err }, 404, "not_found", "nope"},
 		{"follow of unknown", func() error { return c.Follow(ctx, "nope", 0, &bytes.Buffer{}) }, 404, "not_found", "nope"},
 		{"not the API", func() error { _, err := c.Do(ctx, "GET", "/nothing", nil); return err }, 404, "not_found", "No endpoint"},
+		// Every id is one path segment, whatever it holds: none reaches another route.
+		{"id .", func() error { _, err := c.Job(ctx, "."); return err }, 400, "invalid", `job id "."`},
+		{"id ..", func() error { _, err := c.Job(ctx, ".."); return err }, 400, "invalid", `job id ".."`},
+		{"id with slashes", func() error { _, err := c.Job(ctx, "../../healthz"); return err }, 400, "invalid", `job id "../../healthz"`},
+		{"wait id", func() error { _, err := c.Wait(ctx, "../runners?", 0, ""); return err }, 400, "invalid", "job id"},
+		{"output id", func() error { _, _, err := c.Output(ctx, "..", 0, -1); return err }, 400, "invalid", "job id"},
+		{"kill id", func() error { _, err := c.Kill(ctx, ".", ""); return err }, 400, "invalid", `job id "."`},
+		{"session id", func() error { _, err := c.EndSession(ctx, ".."); return err }, 400, "invalid", `session id ".."`},
+		{"renew id", func() error { _, err := c.RenewSession(ctx, "a/../b"); return err }, 400, "invalid", `session id "a/../b"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -364,5 +375,42 @@ func TestNotificationFormat(t *testing.T) {
 	page, err = c.QueryNotifications(ctx, client.NotificationsQuery{Session: "claude", After: &after, Limit: 1, Format: client.FormatTask})
 	if err != nil || len(page.Notifications) != 1 || page.Next != 1 || page.Notifications[0].Format != client.FormatTask {
 		t.Fatalf("read as task_notification: %+v, %v", page, err)
+	}
+}
+
+// TestFromEnv: the environment every client command reads.
+func TestFromEnv(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		return func(k string) string {
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == k {
+					return kv[i+1]
+				}
+			}
+			return ""
+		}
+	}
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		env  func(string) string
+		want string // in the error; "" for none
+	}{
+		{"defaults", env(), ""},
+		{"https", env("SBX_ADDR", "https://sbx.example.com:7070"), ""},
+		{"no scheme", env("SBX_ADDR", "127.0.0.1:7070"), "SBX_ADDR"},
+		{"other scheme", env("SBX_ADDR", "ftp://x"), "SBX_ADDR"},
+		{"missing CA file", env("SBX_CA_FILE", "/nonexistent/ca.pem"), "SBX_CA_FILE"},
+		{"CA file without a certificate", env("SBX_CA_FILE", notPEM), "no PEM certificate"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := client.FromEnv(tt.env)
+			if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+				t.Errorf("FromEnv: %v, want an error with %q", err, tt.want)
+			}
+		})
 	}
 }

@@ -10,8 +10,6 @@ import (
 	"time"
 )
 
-func jobPath(id, suffix string) string { return "/v1/jobs/" + url.PathEscape(id) + suffix }
-
 // Start starts a job (POST /v1/jobs).
 func (c *Client) Start(ctx context.Context, req StartRequest) (*StartReply, error) {
 	var r StartReply
@@ -24,7 +22,7 @@ func (c *Client) Start(ctx context.Context, req StartRequest) (*StartReply, erro
 // Job returns a job (GET /v1/jobs/{id}).
 func (c *Client) Job(ctx context.Context, id string) (*Job, error) {
 	var j Job
-	if err := c.call(ctx, "GET", jobPath(id, ""), nil, &j); err != nil {
+	if err := c.call(ctx, "GET", JobPath(id, ""), nil, &j); err != nil {
 		return nil, err
 	}
 	return &j, nil
@@ -69,9 +67,9 @@ func WaitPath(id string, timeout time.Duration, pattern string) string {
 		v.Set("pattern", pattern)
 	}
 	if len(v) == 0 {
-		return jobPath(id, "/wait")
+		return JobPath(id, "/wait")
 	}
-	return jobPath(id, "/wait?"+v.Encode())
+	return JobPath(id, "/wait?"+v.Encode())
 }
 
 // Wait returns when the job ends, when pattern (RE2; ^ and $ match at lines) matches its output,
@@ -92,7 +90,7 @@ func (c *Client) Input(ctx context.Context, id, data string, closeIt bool) error
 		Data  string `json:"data"`
 		Close bool   `json:"close"`
 	}{data, closeIt}
-	_, err := c.Do(ctx, "POST", jobPath(id, "/stdin"), body)
+	_, err := c.Do(ctx, "POST", JobPath(id, "/stdin"), body)
 	return err
 }
 
@@ -117,7 +115,7 @@ func (c *Client) Output(ctx context.Context, id string, offset, limit int64) ([]
 	if limit >= 0 {
 		v.Set("limit", strconv.FormatInt(limit, 10))
 	}
-	resp, err := c.send(ctx, "GET", jobPath(id, "/output?"+v.Encode()), nil)
+	resp, err := c.send(ctx, "GET", JobPath(id, "/output?"+v.Encode()), nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -137,7 +135,7 @@ func (c *Client) Output(ctx context.Context, id string, offset, limit int64) ([]
 // ends (ctx's error). A stream the server cut short (it shut down) is an error, not an end: the
 // server ends a stream cleanly only after the job's last byte.
 func (c *Client) Follow(ctx context.Context, id string, offset int64, w io.Writer) error {
-	path := jobPath(id, "/output?follow=true&offset="+strconv.FormatInt(offset, 10))
+	path := JobPath(id, "/output?follow=true&offset="+strconv.FormatInt(offset, 10))
 	resp, err := c.send(ctx, "GET", path, nil)
 	if err != nil {
 		return err
@@ -167,7 +165,7 @@ func (c *Client) Kill(ctx context.Context, id, signal string) (*Job, error) {
 	var r struct {
 		Job Job `json:"job"`
 	}
-	if err := c.call(ctx, "POST", jobPath(id, "/kill"), body, &r); err != nil {
+	if err := c.call(ctx, "POST", JobPath(id, "/kill"), body, &r); err != nil {
 		return nil, err
 	}
 	return &r.Job, nil

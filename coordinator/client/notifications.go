@@ -150,7 +150,7 @@ func (c *Client) RenewSession(ctx context.Context, id string) (*Session, error) 
 	var r struct {
 		Session Session `json:"session"`
 	}
-	if err := c.call(ctx, "POST", "/v1/sessions/"+url.PathEscape(id)+"/renew", nil, &r); err != nil {
+	if err := c.call(ctx, "POST", SessionPath(id, "/renew"), nil, &r); err != nil {
 		return nil, err
 	}
 	return &r.Session, nil
@@ -161,7 +161,7 @@ func (c *Client) EndSession(ctx context.Context, id string) ([]string, error) {
 	var r struct {
 		Stopped []string `json:"stopped"`
 	}
-	if err := c.call(ctx, "DELETE", "/v1/sessions/"+url.PathEscape(id), nil, &r); err != nil {
+	if err := c.call(ctx, "DELETE", SessionPath(id, ""), nil, &r); err != nil {
 		return nil, err
 	}
 	return r.Stopped, nil

@@ -7,7 +7,8 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 )
 
-// openPaths stay reachable without the token, for probes and scrapers.
+// openPaths stay reachable without the token, for probes and scrapers; the Host check still
+// holds for them (guardBrowsers).
 var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
 
 // authenticate requires the bearer token on every call but the open paths when a token is

@@ -9,28 +9,21 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/proto"
 )
 
-// decodeBody decodes the request's JSON body into v: one object, at most MaxBodyBytes, read within
-// BodyTimeout, no unknown fields. An empty body is an error unless optional. Errors name the problem
-// the way a client can fix it: "body: unknown field "foo"", "limits.pids must be a number".
-func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) error {
-	rc := http.NewResponseController(w)
-	// Not every ResponseWriter supports deadlines (httptest's does not); the size bound still holds.
-	if rc.SetReadDeadline(time.Now().Add(BodyTimeout)) == nil {
-		defer rc.SetReadDeadline(time.Time{})
-	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+// decodeBody decodes the request's JSON body into v: one object, no unknown fields. readBody has
+// already read it, within MaxBodyBytes and the body timeout. An empty body is an error unless
+// optional. Errors name the problem the way a client can fix it: "body: unknown field "foo"",
+// "limits.pids must be a number".
+func decodeBody(r *http.Request, v any, optional bool) error {
+	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {
 		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-			if tooLarge(err) {
-				return bodyTooLarge()
-			}
 			return invalid("body: trailing data after the JSON object.")
 		}
 		return nil
@@ -45,8 +38,6 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, optional bool) er
 			return nil
 		}
 		return invalid("body is empty: send a JSON object.")
-	case tooLarge(err):
-		return bodyTooLarge()
 	case errors.As(err, &syntax):
 		return invalid("body: invalid JSON at byte %d: %s.", syntax.Offset, syntax.Error())
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -123,4 +114,15 @@ func queryBool(r *http.Request, name string) (bool, error) {
 		return false, invalid("%s %q must be true or false.", name, s)
 	}
 	return b, nil
+}
+
+// pathID returns the request's {id}, a job's or a session's (what says which). Ids are tokens
+// (proto.ValidToken); anything else names nothing, and is refused before it reaches a lookup or a
+// file name.
+func pathID(r *http.Request, what string) (string, error) {
+	id := r.PathValue("id")
+	if !proto.ValidToken(id) {
+		return "", invalid("%s id %q must be 1-64 characters of letters, digits, '_' and '-'.", what, id)
+	}
+	return id, nil
 }

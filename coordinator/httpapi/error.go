@@ -9,9 +9,17 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 )
 
-// codeMethodNotAllowed is the API's code for a known path called with another method; every other
-// code is a domain one.
-const codeMethodNotAllowed = "method_not_allowed"
+// The HTTP layer's own codes; every other code is a domain one.
+const (
+	// codeMethodNotAllowed: a known path called with another method.
+	codeMethodNotAllowed = "method_not_allowed"
+	// codeForbidden: a Host that does not name the API, or a cross-origin browser request.
+	codeForbidden = "forbidden"
+	// codeUnsupportedMediaType: a body that is not sent as application/json.
+	codeUnsupportedMediaType = "unsupported_media_type"
+	// codeRequestTimeout: a body that did not arrive within the body timeout.
+	codeRequestTimeout = "request_timeout"
+)
 
 // statuses maps the domain's error codes to HTTP statuses. It is the only such mapping.
 var statuses = map[string]int{
@@ -19,6 +27,9 @@ var statuses = map[string]int{
 	coordinator.EUNAUTHORIZED:        http.StatusUnauthorized,
 	coordinator.ENOTFOUND:            http.StatusNotFound,
 	codeMethodNotAllowed:             http.StatusMethodNotAllowed,
+	codeForbidden:                    http.StatusForbidden,
+	codeUnsupportedMediaType:         http.StatusUnsupportedMediaType,
+	codeRequestTimeout:               http.StatusRequestTimeout,
 	coordinator.ECONFLICT:            http.StatusConflict,
 	coordinator.ETOOLARGE:            http.StatusRequestEntityTooLarge,
 	coordinator.EINTERNAL:            http.StatusInternalServerError,
@@ -81,22 +92,18 @@ func (r *recorder) Header() http.Header         { return r.header }
 func (r *recorder) Write(p []byte) (int, error) { return len(p), nil }
 func (r *recorder) WriteHeader(code int)        { r.code = code }
 
-// notFound answers a request that matched no pattern: a JSON 404, a JSON 405 with Allow when the
-// path exists with other methods, or the mux's redirect to the cleaned path.
+// notFound answers a request that matched no pattern: a JSON 405 with Allow when the path exists
+// with other methods, else a JSON 404. That includes the paths the mux would redirect to their
+// cleaned form ("/v1/jobs/../../healthz" to "/healthz"): the API never redirects, so that a path
+// built from an unescaped id cannot land on another route.
 func (s *Server) notFound(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
 	h, _ := mux.Handler(r)
 	rec := &recorder{header: http.Header{}, code: http.StatusOK}
 	h.ServeHTTP(rec, r)
-	switch rec.code {
-	case http.StatusNotFound:
-		s.writeError(w, r, coordinator.Errorf(coordinator.ENOTFOUND, "No endpoint %s %s; see API.md.", r.Method, r.URL.Path))
-	case http.StatusMethodNotAllowed:
+	if rec.code == http.StatusMethodNotAllowed {
 		w.Header().Set("Allow", rec.header.Get("Allow"))
 		s.writeError(w, r, coordinator.Errorf(codeMethodNotAllowed, "%s is not allowed on %s; use %s.", r.Method, r.URL.Path, rec.header.Get("Allow")))
-	default:
-		for k, v := range rec.header {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rec.code)
+		return
 	}
+	s.writeError(w, r, coordinator.Errorf(coordinator.ENOTFOUND, "No endpoint %s %s; see API.md.", r.Method, r.URL.Path))
 }

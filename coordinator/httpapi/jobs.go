@@ -48,7 +48,7 @@ type startReply struct {
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	var b startBody
-	if err := decodeBody(w, r, &b, false); err != nil {
+	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -93,7 +93,12 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleJob(w http.ResponseWriter, r *http.Request) {
-	job, err := s.svc.Job(r.Context(), r.PathValue("id"))
+	id, err := pathID(r, "job")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	job, err := s.svc.Job(r.Context(), id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -139,6 +144,11 @@ type waitReply struct {
 // handleWait is AwaitShell: it returns when the job ends, when pattern matches its output, or at
 // the timeout. The pattern is RE2 in multiline mode: ^ and $ match at line boundaries.
 func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r, "job")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	timeout, err := waitTimeout(r)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -151,7 +161,7 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	res, err := s.svc.Wait(r.Context(), r.PathValue("id"), time.Duration(timeout)*time.Millisecond, re)
+	res, err := s.svc.Wait(r.Context(), id, time.Duration(timeout)*time.Millisecond, re)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -212,6 +222,11 @@ func compilePattern(p string) (*regexp.Regexp, error) {
 // follow=true everything until the job ends (chunked, flushed as it comes). Sbx-Output-Length is
 // the output's size when the reply starts.
 func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r, "job")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	offset, err := queryInt(r, "offset", 0, 0, proto.MaxOutputBytes)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -231,7 +246,6 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("limit cannot be combined with follow=true."))
 		return
 	}
-	id := r.PathValue("id")
 	if follow {
 		limit = 0 // only the size and the job's existence, checked before the reply starts
 	}
@@ -276,12 +290,16 @@ type killReply struct {
 }
 
 func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
-	var b killBody
-	if err := decodeBody(w, r, &b, true); err != nil {
+	id, err := pathID(r, "job")
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	id := r.PathValue("id")
+	var b killBody
+	if err := decodeBody(r, &b, true); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	if err := s.svc.Kill(r.Context(), id, b.Signal); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -308,8 +326,13 @@ type stdinReply struct {
 
 // handleStdin writes to the standard input of a job started with stdin: true.
 func (s *Server) handleStdin(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r, "job")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	var b stdinBody
-	if err := decodeBody(w, r, &b, false); err != nil {
+	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -317,7 +340,7 @@ func (s *Server) handleStdin(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("data is empty and close is false: send text, or close: true for EOF."))
 		return
 	}
-	if err := s.svc.Input(r.Context(), r.PathValue("id"), []byte(b.Data), b.Close); err != nil {
+	if err := s.svc.Input(r.Context(), id, []byte(b.Data), b.Close); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -169,7 +169,7 @@ type sessionReply struct {
 // handleAck moves the session's cursor: every notification up to seq was delivered.
 func (s *Server) handleAck(w http.ResponseWriter, r *http.Request) {
 	var b ackBody
-	if err := decodeBody(w, r, &b, false); err != nil {
+	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -194,7 +194,7 @@ type openSessionBody struct {
 // notification format.
 func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
 	var b openSessionBody
-	if err := decodeBody(w, r, &b, false); err != nil {
+	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -215,7 +215,12 @@ func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleSession(w http.ResponseWriter, r *http.Request) {
-	st, err := s.svc.Session(r.Context(), r.PathValue("id"))
+	id, err := pathID(r, "session")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	st, err := s.svc.Session(r.Context(), id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -224,7 +229,12 @@ func (s *Server) handleSession(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
-	st, err := s.svc.RenewSession(r.Context(), r.PathValue("id"))
+	id, err := pathID(r, "session")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	st, err := s.svc.RenewSession(r.Context(), id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -239,7 +249,11 @@ type endSessionReply struct {
 
 // handleEndSession ends a session: its queued and running jobs stop, with no notifications.
 func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id, err := pathID(r, "session")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	stopped, err := s.svc.EndSession(r.Context(), id)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -5,10 +5,13 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"sync"
 	"time"
 
@@ -23,18 +26,33 @@ const (
 	MaxHeaderBytes = 64 << 10
 	// ReadHeaderTimeout bounds how long a client may take to send its headers.
 	ReadHeaderTimeout = 10 * time.Second
-	// BodyTimeout bounds how long a client may take to send its body. There is no server-wide
-	// ReadTimeout or WriteTimeout: waits and output streams legitimately last up to hours, and they
-	// are bounded by their own parameters instead.
-	BodyTimeout = 30 * time.Second
+	// DefaultBodyTimeout bounds how long a client may take to send its body, unless
+	// Config.BodyTimeout says otherwise. It holds for every route (see boundBody). There is no
+	// server-wide ReadTimeout or WriteTimeout: waits and output streams legitimately last up to
+	// hours, and they are bounded by their own parameters instead.
+	DefaultBodyTimeout = 30 * time.Second
 	// IdleTimeout closes keep-alive connections left unused.
 	IdleTimeout = 2 * time.Minute
+	// ShutdownTimeout bounds Serve's graceful shutdown.
+	ShutdownTimeout = 5 * time.Second
 )
 
 // Config holds the server's settings; zero values mean the defaults.
 type Config struct {
-	// Token, when set, is required as "Authorization: Bearer TOKEN" on every /v1 call.
+	// Token, when set, is required as "Authorization: Bearer TOKEN" on every call but the probes.
 	Token string
+	// AllowedHosts are the names a request's Host header may carry besides the loopback ones
+	// (localhost, 127.0.0.1, [::1]): "sbx.example.com", "10.0.0.5"; a port is ignored. AnyHost
+	// accepts every name. See guardBrowsers.
+	AllowedHosts []string
+	// BodyTimeout bounds how long a client may take to send a request's body (default
+	// DefaultBodyTimeout).
+	BodyTimeout time.Duration
+	// TLS, when set, makes Open serve HTTPS (and HTTP/2) with it.
+	TLS *tls.Config
+	// Handlers are more routes, as http.ServeMux patterns ("/mcp", "POST /hook/{id}"), served behind
+	// the same checks as /v1: Host and Origin, the token, the body's bounds and its Content-Type.
+	Handlers map[string]http.Handler
 	// Logger receives internal errors, which the API hides from clients (default: discard).
 	Logger *slog.Logger
 	// Ready reports the readiness of what the service depends on (store open, NATS connected);
@@ -42,9 +60,6 @@ type Config struct {
 	Ready func(context.Context) error
 	// Version is the build's version, reported by /healthz.
 	Version string
-	// Mount holds more handlers by ServeMux pattern ("/mcp"), served behind the same
-	// authentication as /v1.
-	Mount map[string]http.Handler
 }
 
 // Server serves the API of one coordinator.Service.
@@ -60,6 +75,7 @@ type Server struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the Serve goroutine
+	served chan struct{}  // closed when the Serve goroutine ends
 	mu     sync.Mutex
 	srv    *http.Server // set by Open
 	err    error        // of Serve, other than ErrServerClosed
@@ -70,13 +86,17 @@ func NewServer(svc *coordinator.Service, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{svc: svc, cfg: cfg, log: cfg.Logger}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	s := &Server{svc: svc, cfg: cfg, log: cfg.Logger, served: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.handler = s.countCodes(s.authenticate(s.routes()))
+	// boundBody comes first: every answer, refusals included, may wait for the body to drain.
+	s.handler = s.countCodes(s.boundBody(s.guardBrowsers(s.authenticate(s.readBody(s.routes())))))
 	return s
 }
 
-// Handler returns the API's handler, with authentication and metrics, for tests and for callers
+// Handler returns the API's handler, with every check and the metrics, for tests and for callers
 // that run their own http.Server.
 func (s *Server) Handler() http.Handler { return s.handler }
 
@@ -90,6 +110,7 @@ func (s *Server) Open(ln net.Listener) {
 		MaxHeaderBytes:    MaxHeaderBytes,
 		BaseContext:       func(net.Listener) context.Context { return s.ctx },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		TLSConfig:         s.cfg.TLS,
 	}
 	s.mu.Lock()
 	s.srv = srv
@@ -97,7 +118,14 @@ func (s *Server) Open(ln net.Listener) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		defer close(s.served)
+		var err error
+		if srv.TLSConfig != nil {
+			err = srv.ServeTLS(ln, "", "") // the certificate is in TLSConfig
+		} else {
+			err = srv.Serve(ln)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
 			s.mu.Lock()
 			s.err = err
 			s.mu.Unlock()
@@ -122,8 +150,25 @@ func (s *Server) Close(ctx context.Context) error {
 	return errors.Join(err, s.err)
 }
 
-// routes registers every endpoint. Unknown paths get a JSON 404 and known paths with another method
-// a JSON 405 (see notFound).
+// Serve serves the API on ln until ctx ends, then closes it as Close does, within ShutdownTimeout.
+// Serving never stops by itself: when it does (the listener failed), Serve returns the error at
+// once, so that whoever supervises the process notices.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.Open(ln)
+	select {
+	case <-ctx.Done():
+	case <-s.served:
+	}
+	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
+	defer cancel()
+	if err := s.Close(shutdown); err != nil {
+		return fmt.Errorf("http api: %w", err)
+	}
+	return nil
+}
+
+// routes registers every endpoint. Unknown paths get a JSON 404, and so do paths with "." or ".."
+// segments or doubled slashes; known paths with another method get a JSON 405 (see notFound).
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/jobs", s.handleStart)
@@ -145,7 +190,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
-	for pattern, h := range s.cfg.Mount {
+	for pattern, h := range s.cfg.Handlers {
 		mux.Handle(pattern, h)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -153,10 +198,17 @@ func (s *Server) routes() http.Handler {
 		if id := r.Header.Get("Sbx-Session"); id != "" {
 			s.svc.TouchSession(id)
 		}
-		if _, pattern := mux.Handler(r); pattern == "" {
+		if _, pattern := mux.Handler(r); pattern == "" || !cleanPath(r.URL.EscapedPath()) {
 			s.notFound(mux, w, r)
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// cleanPath reports whether p has no "." or ".." segment and no doubled slash: the mux would
+// redirect it to its cleaned form.
+func cleanPath(p string) bool {
+	c := path.Clean(p)
+	return p == c || p == c+"/"
 }

@@ -213,6 +213,10 @@ func (h *harness) do(method, path string, body io.Reader, header ...string) *rep
 		h.t.Fatal(err)
 	}
 	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == "Host" {
+			req.Host = header[i+1] // net/http sends req.Host, not a Host in the header map
+			continue
+		}
 		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
@@ -242,6 +246,10 @@ func (h *harness) post(path string, body any, header ...string) *reply {
 			h.t.Fatal(err)
 		}
 		r = bytes.NewReader(data)
+	}
+	if r != nil {
+		// A body needs its Content-Type; a later header argument may replace it.
+		header = append([]string{"Content-Type", "application/json"}, header...)
 	}
 	return h.do("POST", path, r, header...)
 }
@@ -445,5 +453,71 @@ func TestOpenClose(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("wait still running after Close")
+	}
+}
+
+// TestPathIDs: ids in paths are tokens, and a path with dot segments is not redirected to another
+// route: `sbx status ../../healthz` once reached /healthz.
+func TestPathIDs(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	for _, tt := range []struct {
+		method, path string
+		status       int
+		code, want   string
+	}{
+		{"GET", "/v1/jobs/..%2F..%2Fhealthz", 400, "invalid", `job id "../../healthz"`},
+		{"GET", "/v1/jobs/%2E%2E", 400, "invalid", `job id ".."`},
+		{"GET", "/v1/jobs/no%20such/wait", 400, "invalid", `job id "no such"`},
+		{"GET", "/v1/jobs/a.b/output", 400, "invalid", `job id "a.b"`},
+		{"POST", "/v1/jobs/%2E/kill", 400, "invalid", `job id "."`},
+		{"POST", "/v1/jobs/..%2Fx/stdin", 400, "invalid", `job id "../x"`},
+		{"GET", "/v1/sessions/a%2Fb", 400, "invalid", `session id "a/b"`},
+		{"POST", "/v1/sessions/%2E%2E/renew", 400, "invalid", `session id ".."`},
+		{"DELETE", "/v1/sessions/a%20b", 400, "invalid", `session id "a b"`},
+		{"GET", "/v1/jobs/../../healthz", 404, "not_found", "No endpoint"},
+		{"GET", "/v1/jobs/.", 404, "not_found", "No endpoint"},
+		{"GET", "/v1//jobs", 404, "not_found", "No endpoint"},
+		{"DELETE", "/v1/sessions/x/../../jobs/y", 404, "not_found", "No endpoint"},
+	} {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			// Sent as it is: net/http's client does not clean paths.
+			h.do(tt.method, tt.path, nil).wantError(t, tt.status, tt.code, tt.want)
+		})
+	}
+}
+
+// TestServe: Serve returns nil when its context ends, and an error at once when serving stops by
+// itself, so that a supervisor sees it.
+func TestServe(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	for _, stop := range []string{"context", "listener"} {
+		t.Run(stop, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- httpapi.NewServer(h.svc, httpapi.Config{}).Serve(ctx, ln) }()
+			resp, err := http.Get("http://" + ln.Addr().String() + "/healthz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if stop == "context" {
+				cancel()
+			} else {
+				ln.Close()
+			}
+			select {
+			case err := <-done:
+				if (err != nil) != (stop == "listener") {
+					t.Errorf("Serve stopped by its %s: %v", stop, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Serve still running after its %s stopped", stop)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -23,11 +24,16 @@ type DB struct {
 	db *bbolt.DB
 }
 
-// Open opens (creating if needed) the database at path.
+// Open opens (creating if needed) the database at path. The file is 0600: it holds every job's
+// command; a file an older sbx made more open is tightened.
 func Open(path string) (*DB, error) {
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second, NoFreelistSync: true, NoSync: true})
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bbolt.Tx) error {
 		for _, b := range [][]byte{bucketJobs, bucketUnfinished, bucketNotifications, bucketNotificationIDs, bucketSessions} {

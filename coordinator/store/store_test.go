@@ -159,3 +159,60 @@ func TestDB(t *testing.T) {
 		t.Fatalf("Job(nope) = %v", err)
 	}
 }
+
+// TestModes: output and the store are private to the coordinator's user, in a new install and in
+// one an older sbx made with open modes.
+func TestModes(t *testing.T) {
+	mode := func(path string) os.FileMode {
+		t.Helper()
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Mode().Perm()
+	}
+	for _, old := range []bool{false, true} {
+		dir := t.TempDir()
+		terms, db := filepath.Join(dir, "terminals"), filepath.Join(dir, "sbx.db")
+		oldFile := filepath.Join(terms, "0mx26g2ocl8z5.txt")
+		if old {
+			if err := os.Mkdir(terms, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []string{oldFile, db} {
+				if err := os.WriteFile(f, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(f, 0o644); err != nil { // past the umask
+					t.Fatal(err)
+				}
+			}
+			if err := os.Chmod(terms, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := Open(db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+		ts, err := OpenTerminals(terms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := sampleJob()
+		if err := ts.Begin(j); err != nil {
+			t.Fatal(err)
+		}
+		ts.Close()
+		want := map[string]os.FileMode{db: 0o600, terms: 0o700, ts.Path(j.ID): 0o600}
+		if old {
+			want[oldFile] = 0o600
+		}
+		for path, m := range want {
+			if got := mode(path); got != m {
+				t.Errorf("old install %v: %s has mode %04o, want %04o", old, path, got, m)
+			}
+		}
+	}
+}

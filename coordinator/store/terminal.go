@@ -40,12 +40,44 @@ type terminal struct {
 	header int64 // header length: the body starts here
 }
 
-// OpenTerminals returns the store of terminal files in dir, creating it.
+// OpenTerminals returns the store of terminal files in dir, creating it. Output is private to the
+// coordinator's user: the directory is 0700 and each file 0600. A directory an older sbx made more
+// open is tightened, and its files with it.
 func OpenTerminals(dir string) (*Terminals, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create terminals dir: %w", err)
 	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("terminals dir: %w", err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		if err := tighten(dir); err != nil {
+			return nil, err
+		}
+	}
 	return &Terminals{dir: dir, open: map[string]*terminal{}}, nil
+}
+
+// tighten makes dir 0700 and its terminal files 0600. It runs once per install, the first time
+// a directory made by an older sbx is opened.
+func tighten(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read terminals dir: %w", err)
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() && strings.HasSuffix(e.Name(), ".txt") {
+			if err := os.Chmod(filepath.Join(dir, e.Name()), 0o600); err != nil {
+				return fmt.Errorf("tighten terminal file: %w", err)
+			}
+		}
+	}
+	// Last: a failure above leaves the directory as it was, so the next start tries again.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("tighten terminals dir: %w", err)
+	}
+	return nil
 }
 
 // Close closes every open file.
@@ -132,7 +164,7 @@ func (t *Terminals) get(id string, create bool) (*terminal, error) {
 	if create {
 		flags |= os.O_CREATE
 	}
-	f, err := os.OpenFile(t.Path(id), flags, 0o644)
+	f, err := os.OpenFile(t.Path(id), flags, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open terminal %s: %w", id, err)
 	}
