@@ -92,6 +92,12 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 			Pdeathsig: syscall.SIGKILL,
 		},
 	}
+	if spec.Readonly {
+		// bwrap makes its mounts slaves of the namespace it starts in, so a mount made on the host
+		// under a shared mount while the job runs would appear in the sandbox, writable. A private
+		// namespace of its own (Go remounts / rprivate in the child) receives nothing from the host.
+		cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
+	}
 	started, err := prepare(cmd)
 	if err != nil {
 		r.Close()
