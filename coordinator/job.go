@@ -51,6 +51,7 @@ type Job struct {
 	Command     string     `json:"command"`
 	Cwd         string     `json:"cwd"`
 	Readonly    bool       `json:"readonly"`
+	User        string     `json:"user,omitempty"`
 	Pool        string     `json:"pool"`
 	Status      Status     `json:"status"`
 	Reason      string     `json:"reason,omitempty"`

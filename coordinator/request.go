@@ -22,11 +22,13 @@ const (
 
 // StartRequest asks for a job.
 type StartRequest struct {
-	Command    string
-	Cwd        string
-	Title      string
-	Env        map[string]string
-	Readonly   bool
+	Command  string
+	Cwd      string
+	Title    string
+	Env      map[string]string
+	Readonly bool
+	// User names the account the job runs as on its runner ("": the runner's default).
+	User       string
 	Pool       string
 	Session    string
 	Limits     Limits
@@ -69,6 +71,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	}
 	if err := proto.ValidateEnv(r.Env); err != nil {
 		return Errorf(EINVALID, "env: %s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
+	}
+	if r.User != "" && !proto.ValidUser(r.User) {
+		return Errorf(EINVALID, "user %q must be a user name: 1-%d characters of letters, digits, '_', '-' and '.'.", r.User, proto.MaxUserBytes)
 	}
 	if r.Pool == "" {
 		r.Pool = "default"

@@ -221,7 +221,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	now := s.cfg.Now()
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Cwd: req.Cwd,
-		Readonly: req.Readonly, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		Readonly: req.Readonly, User: req.User, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
 	}
 	if job.Limits.OutputBytes == 0 {
@@ -233,7 +233,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job.OutputPath = s.out.Path(job.ID)
 	work := &proto.Work{
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
-		Readonly: job.Readonly, Pool: job.Pool, Limits: job.Limits,
+		Readonly: job.Readonly, User: job.User, Pool: job.Pool, Limits: job.Limits,
 	}
 
 	s.mu.Lock()

@@ -91,6 +91,9 @@ type Work struct {
 	Readonly bool              `json:"readonly,omitempty"`
 	Pool     string            `json:"pool"`
 	Limits   Limits            `json:"limits"`
+	// User names the account the job runs as on the runner ("": the runner's default); the runner
+	// resolves it and refuses one it does not allow.
+	User string `json:"user,omitempty"`
 }
 
 // Validate checks a Work message field by field.
@@ -113,7 +116,28 @@ func (w *Work) Validate() error {
 	if err := ValidateEnv(w.Env); err != nil {
 		return err
 	}
+	if w.User != "" && !ValidUser(w.User) {
+		return invalid("user %q is not a user name", w.User)
+	}
 	return w.Limits.Validate()
+}
+
+// MaxUserBytes bounds a user name.
+const MaxUserBytes = 32
+
+// ValidUser reports whether s can be a user name: 1–32 characters of [A-Za-z0-9_.-], not starting
+// with '-' or '.', or a decimal uid.
+func ValidUser(s string) bool {
+	if len(s) == 0 || len(s) > MaxUserBytes || s[0] == '-' || s[0] == '.' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // ValidateEnv checks the size and shape of a job's environment.

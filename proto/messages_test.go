@@ -16,11 +16,12 @@ func TestWorkRoundTrip(t *testing.T) {
 	w := validWork()
 	w.Env = map[string]string{"A": "b"}
 	w.Limits = Limits{MemoryBytes: 64 << 20, Pids: 40}
+	w.User = "dev.user-1"
 	got, err := DecodeWork(Encode(&w))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.JobID != w.JobID || got.Env["A"] != "b" || got.Limits.Pids != 40 {
+	if got.JobID != w.JobID || got.Env["A"] != "b" || got.Limits.Pids != 40 || got.User != w.User {
 		t.Fatalf("round trip changed the message: %+v", got)
 	}
 }
@@ -40,6 +41,10 @@ func TestDecodeWorkRejects(t *testing.T) {
 		{"negative memory", func(w *Work) { w.Limits.MemoryBytes = -1 }, "limits.memory_bytes"},
 		{"absurd pids", func(w *Work) { w.Limits.Pids = MaxPids + 1 }, "limits.pids"},
 		{"env key with =", func(w *Work) { w.Env = map[string]string{"A=B": "c"} }, "env key"},
+		{"user with slash", func(w *Work) { w.User = "../root" }, "user"},
+		{"user with colon", func(w *Work) { w.User = "a:b" }, "user"},
+		{"user starting with -", func(w *Work) { w.User = "-r" }, "user"},
+		{"long user", func(w *Work) { w.User = strings.Repeat("u", MaxUserBytes+1) }, "user"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -152,18 +152,32 @@ func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
 	if fi, err := os.Stat(w.Cwd); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("cwd %s is not a directory on runner %s", w.Cwd, r.cfg.ID)
 	}
-	env := r.environ(w.Env)
+	acct, err := r.account(w.User)
+	if err != nil {
+		return nil, err
+	}
+	extra := w.Env
+	var cred *sandbox.Credential
+	if acct != nil {
+		cred = acct.cred
+		extra = acct.env()
+		for k, v := range w.Env {
+			extra[k] = v
+		}
+	}
+	env := r.environ(extra)
 	if w.Readonly {
-		env = r.readonlyEnv(w.Env)
+		env = r.readonlyEnv(extra)
 	}
 	return r.mgr.Start(sandbox.Spec{
-		ID:        w.JobID,
-		Path:      "/bin/sh",
-		Args:      []string{"sh", "-c", w.Command},
-		Dir:       w.Cwd,
-		Env:       env,
-		Resources: resources(w.Limits),
-		Readonly:  w.Readonly,
+		Credential: cred,
+		ID:         w.JobID,
+		Path:       "/bin/sh",
+		Args:       []string{"sh", "-c", w.Command},
+		Dir:        w.Cwd,
+		Env:        env,
+		Resources:  resources(w.Limits),
+		Readonly:   w.Readonly,
 	})
 }
 

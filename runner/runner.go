@@ -33,6 +33,10 @@ type Config struct {
 	// that runners sharing a machine never sweep each other's jobs. Its Bwrap names the bubblewrap
 	// binary of readonly jobs (default "bwrap" on PATH).
 	Cgroup sandbox.Config
+	// User is the account jobs run as by default ("": the runner's own); Users are the others a job
+	// may ask for. With a User set, no job runs as anyone else (see account).
+	User  string
+	Users []string
 	// Labels describe the runner in GET /v1/runners.
 	Labels map[string]string
 	// Version is reported in heartbeats.
@@ -76,6 +80,17 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Slots < 1 || c.Slots > 4096 {
 		return fmt.Errorf("slots %d must be between 1 and 4096", c.Slots)
+	}
+	for _, u := range append([]string{c.User}, c.Users...) {
+		if u == "" {
+			continue
+		}
+		if _, err := lookupAccount(u); err != nil {
+			return err
+		}
+	}
+	if len(c.Users) > 0 && c.User == "" {
+		return errors.New("users: allowing other users needs a default user")
 	}
 	if c.Version == "" {
 		c.Version = "dev"
@@ -315,7 +330,11 @@ type readonlyVerdict struct {
 
 // probeReadonly runs the sandbox's readonly probe once; the runner keeps the verdict for its life.
 func (r *Runner) probeReadonly(ctx context.Context) readonlyVerdict {
-	if err := r.mgr.ProbeReadonly(ctx); err != nil {
+	err := r.mgr.ProbeReadonly(ctx)
+	if err == nil {
+		err = r.probeUser(ctx)
+	}
+	if err != nil {
 		r.cfg.Logger.Warn("readonly jobs disabled", "err", err)
 		return readonlyVerdict{reason: err.Error()}
 	}

@@ -241,7 +241,7 @@ type v1Group struct {
 }
 
 // prepare turns cmd into the init step: this binary re-executed as initArg0, which joins every
-// hierarchy's cgroup.procs and then execs the real command (see MaybeInit). v1 has no way to fork
+// hierarchy's cgroup.procs, drops to the job's credential and then execs the real command (see MaybeInit). v1 has no way to fork
 // straight into a cgroup. The init step reports a failure on fd 3; success closes it empty on exec.
 // Descriptors that start puts from 4 on (a readonly job's seccomp program) pass through to the command.
 func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
@@ -249,7 +249,13 @@ func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	for _, dir := range g.dirs {
 		procs = append(procs, filepath.Join(dir, "cgroup.procs"))
 	}
-	cmd.Args = initArgs(procs, cmd.Path, cmd.Args)
+	// The init step must join as the runner: it drops to the job's credential itself, afterwards.
+	var cred *Credential
+	if c := cmd.SysProcAttr.Credential; c != nil {
+		cred = &Credential{UID: c.Uid, GID: c.Gid, Groups: c.Groups}
+		cmd.SysProcAttr.Credential = nil
+	}
+	cmd.Args = initArgs(cred, procs, cmd.Path, cmd.Args)
 	cmd.Path = "/proc/self/exe"
 	sr, sw, err := os.Pipe()
 	if err != nil {

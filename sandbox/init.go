@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,23 +19,27 @@ const initArg0 = "sbx-init"
 // closes it with nothing written.
 const statusFD = 3
 
-// initArgs encodes the init step's argv: initArg0, the number of cgroup.procs files, those files,
-// then the program's path and argv.
-func initArgs(procs []string, path string, argv []string) []string {
-	args := append([]string{initArg0, strconv.Itoa(len(procs))}, procs...)
+// initArgs encodes the init step's argv: initArg0, the credential (Credential.String), the number of
+// cgroup.procs files, those files, then the program's path and argv.
+func initArgs(cred *Credential, procs []string, path string, argv []string) []string {
+	args := append([]string{initArg0, cred.String(), strconv.Itoa(len(procs))}, procs...)
 	return append(append(args, path), argv...)
 }
 
 // parseInitArgs reverses initArgs, given os.Args[1:].
-func parseInitArgs(args []string) (procs []string, path string, argv []string, err error) {
-	if len(args) == 0 {
-		return nil, "", nil, errors.New("init: no arguments")
+func parseInitArgs(args []string) (cred *Credential, procs []string, path string, argv []string, err error) {
+	if len(args) < 2 {
+		return nil, nil, "", nil, errors.New("init: too few arguments")
 	}
+	if cred, err = parseCredential(args[0]); err != nil {
+		return nil, nil, "", nil, fmt.Errorf("init: %w", err)
+	}
+	args = args[1:]
 	n, err := strconv.Atoi(args[0])
 	if err != nil || n < 0 || len(args) < n+3 {
-		return nil, "", nil, fmt.Errorf("init: malformed arguments %q", args)
+		return nil, nil, "", nil, fmt.Errorf("init: malformed arguments %q", args)
 	}
-	return args[1 : 1+n], args[1+n], args[2+n:], nil
+	return cred, args[1 : 1+n], args[1+n], args[2+n:], nil
 }
 
 // MaybeInit must be the first thing in main() and in TestMain of any package whose tests start
@@ -58,17 +64,30 @@ func MaybeInit() {
 	os.Exit(1)
 }
 
-// initStep joins the cgroups and execs the program; it returns only on failure.
+// initStep joins the cgroups, drops to the credential and execs the program; it returns only on
+// failure.
 func initStep(args []string) error {
-	procs, path, argv, err := parseInitArgs(args)
+	cred, procs, path, argv, err := parseInitArgs(args)
 	if err != nil {
 		return err
 	}
+	// The parent-death signal, the credential and the exec all belong to one thread.
+	runtime.LockOSThread()
+	parent := os.Getppid()
 	pid := strconv.Itoa(os.Getpid())
 	for _, p := range procs {
 		// Writing a pid to cgroup.procs moves the whole thread group, Go runtime threads included.
 		if err := writeValue(p, pid); err != nil {
 			return fmt.Errorf("join cgroup: %w", err)
+		}
+	}
+	if cred != nil {
+		if err := dropTo(cred, parent); err != nil {
+			return err
+		}
+		// The runner entered the directory before the drop; the job must be allowed to as well.
+		if err := unix.Chdir("."); err != nil {
+			return fmt.Errorf("chdir to the working directory: %w", err)
 		}
 	}
 	if _, err := unix.FcntlInt(statusFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
@@ -77,4 +96,30 @@ func initStep(args []string) error {
 	// The environment is exactly what Start passed, which is the job's.
 	err = unix.Exec(path, argv, os.Environ())
 	return fmt.Errorf("exec %s: %w", path, err)
+}
+
+// dropTo sets the process's groups, gid and uid (on every thread) to cred. Changing the credential
+// clears the parent-death signal, so it is armed again, and the parent checked: a runner that died in
+// between must not leave the job running.
+func dropTo(cred *Credential, parent int) error {
+	groups := make([]int, len(cred.Groups))
+	for i, g := range cred.Groups {
+		groups[i] = int(g)
+	}
+	if err := syscall.Setgroups(groups); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	if err := syscall.Setgid(int(cred.GID)); err != nil {
+		return fmt.Errorf("setgid %d: %w", cred.GID, err)
+	}
+	if err := syscall.Setuid(int(cred.UID)); err != nil {
+		return fmt.Errorf("setuid %d: %w", cred.UID, err)
+	}
+	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
+		return fmt.Errorf("parent-death signal: %w", err)
+	}
+	if os.Getppid() != parent {
+		return errors.New("init: the runner exited")
+	}
+	return nil
 }

@@ -12,11 +12,14 @@ package sandbox
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -48,6 +51,56 @@ static void sbx_join(long n, char **procs) {
 	}
 }
 
+// sbx_id parses one decimal id of a credential up to the character stop, advancing *s past it.
+static unsigned long sbx_id(const char **s, char stop, const char *cred) {
+	char *end;
+	errno = EINVAL;
+	if (**s < '0' || **s > '9')
+		sbx_init_fail("init: credential", cred);
+	unsigned long v = strtoul(*s, &end, 10);
+	if (*end != stop || v > 0xffffffffUL)
+		sbx_init_fail("init: credential", cred);
+	*s = end + (stop != '\0');
+	return v;
+}
+
+// sbx_drop switches to the credential "uid:gid:g1,g2,..." ("-": stay), after the cgroups were joined:
+// writing cgroup.procs needs the runner's privileges. A credential change clears the parent-death
+// signal, so it is armed again and the parent checked: a runner that died meanwhile must not leave
+// the job running.
+static void sbx_drop(const char *cred, pid_t parent) {
+	if (strcmp(cred, "-") == 0)
+		return;
+	const char *s = cred;
+	uid_t uid = sbx_id(&s, ':', cred);
+	gid_t gid = sbx_id(&s, ':', cred);
+	size_t n = 0;
+	for (const char *c = s; *c; c++)
+		if (*c == ',')
+			n++;
+	gid_t *groups = calloc(n + 1, sizeof(gid_t));
+	if (groups == NULL)
+		sbx_init_fail("init:", "out of memory");
+	size_t ngroups = 0;
+	while (*s) {
+		const char *comma = strchr(s, ',');
+		groups[ngroups++] = sbx_id(&s, comma ? ',' : '\0', cred);
+	}
+	if (setgroups(ngroups, groups) < 0)
+		sbx_init_fail("setgroups", cred);
+	if (setgid(gid) < 0)
+		sbx_init_fail("setgid", cred);
+	if (setuid(uid) < 0)
+		sbx_init_fail("setuid", cred);
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+		sbx_init_fail("init:", "parent-death signal");
+	if (getppid() != parent) {
+		errno = ESRCH;
+		sbx_init_fail("init:", "the runner exited");
+	}
+	free(groups);
+}
+
 // sbx_count parses a count of arguments that must leave at least min more of avail.
 static long sbx_count(const char *s, long avail) {
 	char *end;
@@ -59,10 +112,10 @@ static long sbx_count(const char *s, long avail) {
 }
 
 // sbx_warm tells the runner it joined its cgroups (one '+' on the status pipe), waits for the job on
-// fd 5: NUL-terminated fields seccomp, dir, path, argc, argv..., envc, env... (warmMessage), and runs
-// the job as the cold init step does. Descriptor 4 holds a readonly job's seccomp program; it is
+// fd 5: NUL-terminated fields seccomp, credential, dir, path, argc, argv..., envc, env...
+// (warmMessage), and runs the job as the cold init step does. Descriptor 4 holds a readonly job's seccomp program; it is
 // closed unless the seccomp field is "1".
-static void sbx_warm(void) {
+static void sbx_warm(pid_t parent) {
 	if (write(3, "+", 1) != 1)
 		sbx_init_fail("init:", "status pipe");
 	size_t cap = 1 << 16, len = 0;
@@ -96,7 +149,7 @@ static void sbx_warm(void) {
 		if (buf[i] == '\0')
 			nfields++;
 	errno = EINVAL;
-	if (len == 0 || buf[len - 1] != '\0' || nfields < 5)
+	if (len == 0 || buf[len - 1] != '\0' || nfields < 6)
 		sbx_init_fail("init:", "malformed job message");
 	char **fields = calloc(nfields + 2, sizeof(char *));
 	if (fields == NULL)
@@ -105,12 +158,12 @@ static void sbx_warm(void) {
 		fields[f] = buf + i;
 		i += strlen(buf + i) + 1;
 	}
-	char *seccomp = fields[0], *dir = fields[1], *path = fields[2];
-	long argc = sbx_count(fields[3], nfields - 5);
-	char **argv = fields + 4;
-	long envc = sbx_count(fields[4 + argc], nfields - 5 - argc);
-	char **envp = fields + 5 + argc;
-	if (5 + argc + envc != nfields)
+	char *seccomp = fields[0], *cred = fields[1], *dir = fields[2], *path = fields[3];
+	long argc = sbx_count(fields[4], nfields - 6);
+	char **argv = fields + 5;
+	long envc = sbx_count(fields[5 + argc], nfields - 6 - argc);
+	char **envp = fields + 6 + argc;
+	if (6 + argc + envc != nfields)
 		sbx_init_fail("init:", "malformed job message");
 	if (strcmp(seccomp, "1") != 0)
 		close(4);
@@ -126,6 +179,7 @@ static void sbx_warm(void) {
 	// spare slot calloc left after the last field.
 	argv[argc] = NULL;
 	envp[envc] = NULL;
+	sbx_drop(cred, parent);
 	if (chdir(dir) < 0)
 		sbx_init_fail("chdir", dir);
 	if (fcntl(3, F_SETFD, FD_CLOEXEC) < 0)
@@ -139,19 +193,25 @@ static void sbx_warm(void) {
 __attribute__((constructor)) static void sbx_init(int argc, char **argv) {
 	if (argc < 2 || argv[0] == NULL)
 		return;
+	pid_t parent = getppid();
 	if (strcmp(argv[0], "sbx-init-warm") == 0) {
 		long n = sbx_count(argv[1], argc - 2);
 		sbx_join(n, argv + 2);
-		sbx_warm();
+		sbx_warm(parent);
 	}
-	if (argc < 3 || strcmp(argv[0], "sbx-init") != 0)
+	if (argc < 4 || strcmp(argv[0], "sbx-init") != 0)
 		return;
-	long n = sbx_count(argv[1], argc - 3);
-	sbx_join(n, argv + 2);
+	const char *cred = argv[1];
+	long n = sbx_count(argv[2], argc - 4);
+	sbx_join(n, argv + 3);
+	sbx_drop(cred, parent);
+	// The runner entered the directory before the drop; the job must be allowed to as well.
+	if (strcmp(cred, "-") != 0 && chdir(".") < 0)
+		sbx_init_fail("chdir", "to the working directory");
 	if (fcntl(3, F_SETFD, FD_CLOEXEC) < 0)
 		sbx_init_fail("init:", "status pipe");
-	const char *path = argv[2 + n];
-	execve(path, &argv[3 + n], environ);
+	const char *path = argv[3 + n];
+	execve(path, &argv[4 + n], environ);
 	sbx_init_fail("exec", path);
 }
 #endif

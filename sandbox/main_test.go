@@ -26,18 +26,36 @@ func TestMain(m *testing.M) {
 }
 
 // runnerEnv makes the test binary a runner that starts one job and then waits to be killed, for
-// TestJobDiesWithRunner. Its value is "version mountpoint root".
+// TestJobDiesWithRunner. Its value is "version mountpoint root warm credential" (warm: Config.Warm;
+// credential: Credential.String).
 const runnerEnv = "SBX_TEST_FAKE_RUNNER"
 
 // fakeRunner starts "sleep 1000" as job "orphan", prints its pid and sleeps; it never returns.
 func fakeRunner(cfg string) {
 	f := strings.Split(cfg, " ")
-	m, err := NewManager(Config{Version: f[0], Mountpoint: f[1], Root: f[2], Warm: -1})
+	warm, err := strconv.Atoi(f[3])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	p, err := m.Start(sh("orphan", "sleep 1000"))
+	cred, err := parseCredential(f[4])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	m, err := NewManager(Config{Version: f[0], Mountpoint: f[1], Root: f[2], Warm: warm})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if m.warm != nil {
+		for len(m.warm.ready) < cap(m.warm.ready) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	spec := sh("orphan", "sleep 1000")
+	spec.Credential = cred
+	p, err := m.Start(spec)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -98,6 +98,10 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		// namespace of its own (Go remounts / rprivate in the child) receives nothing from the host.
 		cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
 	}
+	if c := spec.Credential; c != nil {
+		// v1's prepare moves it into the init step, which drops to it after joining the cgroup.
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
+	}
 	started, err := prepare(cmd)
 	if err != nil {
 		r.Close()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -176,45 +177,74 @@ func TestKillConcurrentWithWait(t *testing.T) {
 	})
 }
 
+// TestJobDiesWithRunner: a job dies with its runner, also after the init step dropped to another
+// user (a credential change clears the parent-death signal), from a cold or a warm start.
 func TestJobDiesWithRunner(t *testing.T) {
 	eachVersion(t, func(t *testing.T, cfg Config) {
-		m, cfg := newTestManager(t, cfg)
-		exe, err := os.Executable()
-		if err != nil {
-			t.Fatal(err)
-		}
-		runner := exec.Command(exe)
-		runner.Env = append(os.Environ(), runnerEnv+"="+cfg.Version+" "+cfg.Mountpoint+" "+cfg.Root)
-		runner.Stderr = os.Stderr
-		stdout, err := runner.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := runner.Start(); err != nil {
-			t.Fatal(err)
-		}
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if err != nil {
-			runner.Process.Kill()
-			runner.Wait()
-			t.Fatalf("runner: %q, %v", line, err)
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(line))
-		if err != nil {
-			t.Fatal(err)
-		}
-		runner.Process.Kill()
-		runner.Wait()
-		for deadline := time.Now().Add(5 * time.Second); !gone(pid); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("job %d outlived its runner", pid)
-			}
-		}
-		// What a restarted runner does: the dead runner's job cgroup is still there.
-		if n, err := m.Sweep(); n != 1 || err != nil {
-			t.Errorf("Sweep() = %d, %v; want 1", n, err)
+		for _, tc := range []struct {
+			name string
+			warm int
+			cred *Credential
+		}{
+			{"cold", -1, nil},
+			{"cold-nobody", -1, nobody()},
+			{"warm", 2, nil},
+			{"warm-nobody", 2, nobody()},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				if tc.warm > 0 && (!warmInit || cfg.Version != "v1") {
+					t.Skip("warm init steps are for cgroup v1 in the cgo build")
+				}
+				jobDiesWithRunner(t, cfg, tc.warm, tc.cred)
+			})
 		}
 	})
+}
+
+func jobDiesWithRunner(t *testing.T, cfg Config, warm int, cred *Credential) {
+	cfg.Warm = -1
+	m, cfg := newTestManager(t, cfg)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner := exec.Command(exe)
+	runner.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %d %s", runnerEnv, cfg.Version, cfg.Mountpoint, cfg.Root, warm, cred))
+	runner.Stderr = os.Stderr
+	stdout, err := runner.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		runner.Process.Kill()
+		runner.Wait()
+		t.Fatalf("runner: %q, %v", line, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cred != nil {
+		if uid := procUID(t, pid); uid != cred.UID {
+			t.Errorf("job runs as uid %d, want %d", uid, cred.UID)
+		}
+	}
+	runner.Process.Kill()
+	runner.Wait()
+	for deadline := time.Now().Add(5 * time.Second); !gone(pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("job %d outlived its runner", pid)
+		}
+	}
+	// What a restarted runner does: the dead runner's cgroups (the job's, and any warm steps') are
+	// still there.
+	if n, err := m.Sweep(); n < 1 || err != nil {
+		t.Errorf("Sweep() = %d, %v; want at least 1", n, err)
+	}
 }
 
 func TestLeftoversKilledAtExit(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -36,10 +37,78 @@ type Spec struct {
 	// network, no AF_UNIX socket, no io_uring, no foreign syscall ABI, no capabilities (bwrapArgs,
 	// readonlyFilter). Start fails rather than run it any other way.
 	Readonly bool
+	// Credential, when set, is the user and groups the program runs as; nil runs it as the runner.
+	// The process joins its cgroup before it drops to the credential (on v1 in the init step, which
+	// needs the runner's privileges to write cgroup.procs).
+	Credential *Credential
 	// Resources holds the limits: Memory.Limit and Memory.Swap (memory+swap, as on v1), CPU.Quota and
 	// CPU.Period, Pids.Limit. Nil means unset. Any other field set is ErrUnsupported.
 	Resources *specs.LinuxResources
 }
+
+// Credential names a user by number: uid, primary gid and supplementary groups.
+type Credential struct {
+	UID    uint32
+	GID    uint32
+	Groups []uint32
+}
+
+// String encodes c for the init step: "uid:gid:g1,g2,..." (no groups: "uid:gid:"); nil is "-".
+func (c *Credential) String() string {
+	if c == nil {
+		return "-"
+	}
+	var b strings.Builder
+	b.WriteString(strconv.FormatUint(uint64(c.UID), 10) + ":" + strconv.FormatUint(uint64(c.GID), 10) + ":")
+	for i, g := range c.Groups {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(uint64(g), 10))
+	}
+	return b.String()
+}
+
+// parseCredential reverses Credential.String.
+func parseCredential(s string) (*Credential, error) {
+	if s == "-" {
+		return nil, nil
+	}
+	uid, rest, ok1 := strings.Cut(s, ":")
+	gid, groups, ok2 := strings.Cut(rest, ":")
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("credential %q: want uid:gid:groups", s)
+	}
+	num := func(v string) (uint32, error) {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("credential %q: %w", s, err)
+		}
+		return uint32(n), nil
+	}
+	c := &Credential{}
+	var err error
+	if c.UID, err = num(uid); err != nil {
+		return nil, err
+	}
+	if c.GID, err = num(gid); err != nil {
+		return nil, err
+	}
+	if groups != "" {
+		for _, g := range strings.Split(groups, ",") {
+			n, err := num(g)
+			if err != nil {
+				return nil, err
+			}
+			c.Groups = append(c.Groups, n)
+		}
+	}
+	return c, nil
+}
+
+// maxGroups bounds a credential's supplementary groups (the kernel's NGROUPS_MAX is 65536; a user
+// in more than this many is a configuration mistake).
+const maxGroups = 1024
 
 // limits is the part of specs.LinuxResources that sandbox enforces; nil means unset.
 type limits struct {
@@ -67,6 +136,9 @@ func (s Spec) validate() (limits, error) {
 		if strings.IndexByte(v, 0) >= 0 {
 			return limits{}, fmt.Errorf("%w: %q contains a NUL byte", ErrInvalidSpec, v)
 		}
+	}
+	if c := s.Credential; c != nil && len(c.Groups) > maxGroups {
+		return limits{}, fmt.Errorf("%w: %d supplementary groups, at most %d", ErrInvalidSpec, len(c.Groups), maxGroups)
 	}
 	return toLimits(s.Resources)
 }

@@ -65,22 +65,28 @@ func TestNewManagerInvalidConfig(t *testing.T) {
 func TestInitArgsRoundTrip(t *testing.T) {
 	tests := []struct {
 		name  string
+		cred  *Credential
 		procs []string
 		path  string
 		argv  []string
 	}{
-		{"none", nil, "/bin/true", []string{"true"}},
-		{"two", []string{"/a/cgroup.procs", "/b/cgroup.procs"}, "/bin/sh", []string{"sh", "-c", "echo 1 2"}},
+		{"none", nil, nil, "/bin/true", []string{"true"}},
+		{"two", nil, []string{"/a/cgroup.procs", "/b/cgroup.procs"}, "/bin/sh", []string{"sh", "-c", "echo 1 2"}},
+		{"user", &Credential{UID: 1000, GID: 100}, []string{"/a/cgroup.procs"}, "/bin/sh", []string{"sh"}},
+		{"groups", &Credential{UID: 65534, GID: 65534, Groups: []uint32{4, 27, 4294967294}}, nil, "/bin/id", []string{"id"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			args := initArgs(tt.procs, tt.path, tt.argv)
+			args := initArgs(tt.cred, tt.procs, tt.path, tt.argv)
 			if args[0] != initArg0 {
 				t.Fatalf("argv[0] = %q", args[0])
 			}
-			procs, path, argv, err := parseInitArgs(args[1:])
+			cred, procs, path, argv, err := parseInitArgs(args[1:])
 			if err != nil {
 				t.Fatal(err)
+			}
+			if cred.String() != tt.cred.String() {
+				t.Errorf("credential %s, want %s", cred, tt.cred)
 			}
 			if strings.Join(procs, "|") != strings.Join(tt.procs, "|") || path != tt.path ||
 				strings.Join(argv, "|") != strings.Join(tt.argv, "|") {
@@ -88,7 +94,9 @@ func TestInitArgsRoundTrip(t *testing.T) {
 			}
 		})
 	}
-	if _, _, _, err := parseInitArgs([]string{"5", "x"}); err == nil {
-		t.Error("parseInitArgs accepted a short list")
+	for _, bad := range [][]string{{"-", "5", "x"}, {"5"}, {"1:2", "0", "/bin/true", "true"}, {"1:x:", "0", "/bin/true", "true"}, {"1:2:3,", "0", "/bin/true", "true"}} {
+		if _, _, _, _, err := parseInitArgs(bad); err == nil {
+			t.Errorf("parseInitArgs accepted %q", bad)
+		}
 	}
 }

@@ -255,7 +255,7 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, l limits, rel
 }
 
 // warmMessage is the job a warm init step execs: NUL-terminated fields seccomp ("1" keeps seccompFD
-// open for bwrap), dir, path, argc, argv..., envc, env... (Spec.validate refuses NUL bytes in all).
+// open for bwrap), credential (Credential.String), dir, path, argc, argv..., envc, env... (Spec.validate refuses NUL bytes in all).
 func warmMessage(spec Spec, readonly bool) []byte {
 	var b bytes.Buffer
 	field := func(s string) {
@@ -275,6 +275,7 @@ func warmMessage(spec Spec, readonly bool) []byte {
 	} else {
 		field("0")
 	}
+	field(spec.Credential.String())
 	field(dir)
 	field(spec.Path)
 	field(strconv.Itoa(len(args)))

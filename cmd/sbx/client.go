@@ -175,6 +175,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.Float64Var(&cpus, "cpus", 0, "CPU limit in CPUs, e.g. 1.5")
 	fs.StringVar(&req.Session, "session", "", "session of the job")
 	fs.StringVar(&req.Pool, "pool", "", "pool of runners")
+	fs.StringVar(&req.User, "user", "", "user the job runs as (default: the runner's; the runner must allow it)")
 	fs.Var(envList(req.Env), "env", "K=V added to the job's environment (repeatable)")
 	notifyOn := fs.String("notify-on", "", "notify when an output line matches this RE2 pattern")
 	fs.BoolVar(&req.Monitor, "monitor", false, "notify every output line (stopped if it prints too fast)")

@@ -73,8 +73,9 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 
 // runnerFlags are the flags serve and runner share.
 type runnerFlags struct {
-	id, pool, cgroupRoot string
-	slots                int
+	id, pool, cgroupRoot, user string
+	users                      stringList
+	slots                      int
 }
 
 func (r *runnerFlags) register(fs *flag.FlagSet) {
@@ -82,6 +83,26 @@ func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.pool, "pool", "default", "pool whose work this runner takes")
 	fs.IntVar(&r.slots, "slots", 4, "jobs run at once")
 	fs.StringVar(&r.cgroupRoot, "cgroup-root", "sbx", "cgroup under which the runner makes its jobs' cgroups")
+	fs.StringVar(&r.user, "user", "", "user jobs run as (default: the runner's own; serve started with sudo: $SUDO_USER)")
+	fs.Var(&r.users, "allow-user", "another user a job may ask for with \"user\" (repeatable; needs --user)")
+}
+
+// stringList collects a repeated flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// defaultUser is the user sbx serve runs jobs as when --user is not given: the user who ran sudo,
+// so that a root runner started with "sudo make run" does not run every job as root.
+func defaultUser(getenv func(string) string) string {
+	if os.Geteuid() != 0 {
+		return ""
+	}
+	if u := getenv("SUDO_USER"); u != "" && u != "root" {
+		return u
+	}
+	return ""
 }
 
 func cmdServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -93,6 +114,9 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, for more runners")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if rf.user == "" {
+		rf.user = defaultUser(getenv)
 	}
 	log := newLogger(stderr)
 	host, port, err := splitHostPort(*natsListen)
@@ -278,7 +302,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 // serveRunner runs a runner until ctx ends.
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
-		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log,
+		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users,
 		Cgroup: sandbox.Config{Root: rf.cgroupRoot},
 	})
 	if err != nil {

@@ -23,6 +23,7 @@ type Job struct {
 	Command     string     `json:"command"`
 	Cwd         string     `json:"cwd"`
 	Readonly    bool       `json:"readonly"`
+	User        string     `json:"user"`
 	Pool        string     `json:"pool"`
 	Status      string     `json:"status"`
 	Reason      string     `json:"reason"`
@@ -71,6 +72,7 @@ type StartRequest struct {
 	Title    string            `json:"title,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	Readonly bool              `json:"readonly,omitempty"`
+	User     string            `json:"user,omitempty"`
 	Pool     string            `json:"pool,omitempty"`
 	Session  string            `json:"session,omitempty"`
 	Limits   *Limits           `json:"limits,omitempty"`

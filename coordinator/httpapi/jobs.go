@@ -21,6 +21,7 @@ type startBody struct {
 	Title        string            `json:"title"`
 	Env          map[string]string `json:"env"`
 	Readonly     bool              `json:"readonly"`
+	User         string            `json:"user"`
 	Pool         string            `json:"pool"`
 	Session      string            `json:"session"`
 	Limits       limitsView        `json:"limits"`
@@ -67,7 +68,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
-		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly,
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,

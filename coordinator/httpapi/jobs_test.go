@@ -147,6 +147,7 @@ func TestStartInvalid(t *testing.T) {
 		{"bad env key", `{"command":"ls","cwd":"/","env":{"A=B":"1"}}`, 400, "invalid", "env"},
 		{"bad session", `{"command":"ls","cwd":"/","session":"a b"}`, 400, "invalid", "session"},
 		{"bad pool", `{"command":"ls","cwd":"/","pool":"../x"}`, 400, "invalid", "pool"},
+		{"bad user", `{"command":"ls","cwd":"/","user":"root:0"}`, 400, "invalid", "user"},
 		{"too large body", `{"command":"ls","cwd":"/","title":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "too_large", "body"},
 		{"readonly without runner", `{"command":"ls","cwd":"/","readonly":true}`, 503, "readonly_unavailable", "readonly"},
 	}

@@ -16,6 +16,7 @@ type jobView struct {
 	Command     string     `json:"command"`
 	Cwd         string     `json:"cwd"`
 	Readonly    bool       `json:"readonly"`
+	User        string     `json:"user"`
 	Pool        string     `json:"pool"`
 	Status      string     `json:"status"`
 	Reason      string     `json:"reason"`
@@ -71,7 +72,7 @@ func utc(t *time.Time) *time.Time {
 func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	v := &jobView{
 		ID: j.ID, Session: j.Session, Title: j.Title, Command: j.Command, Cwd: j.Cwd,
-		Readonly: j.Readonly, Pool: j.Pool, Status: string(j.Status), Reason: j.Reason,
+		Readonly: j.Readonly, User: j.User, Pool: j.Pool, Status: string(j.Status), Reason: j.Reason,
 		Runner: j.Runner, CreatedAt: j.CreatedAt.UTC(), StartedAt: utc(j.StartedAt),
 		EndedAt: utc(j.EndedAt), ElapsedMS: j.ElapsedMS(now), OutputBytes: j.OutputBytes,
 		OutputPath: j.OutputPath, Error: j.Error,
