@@ -131,7 +131,7 @@ func probeChecks() []probeCheck {
 			return err
 		}},
 		{"flock", unix.EPERM, onRoot(func(fd int) error { return unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB) })},
-		// F_UNLCK removes a lease this descriptor does not hold: nothing to undo.
+		// F_UNLCK takes no lease; on a directory, without the filter, it fails with EINVAL.
 		{"fcntl(F_SETLEASE)", unix.EPERM, onRoot(func(fd int) error {
 			_, err := unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_UNLCK)
 			return err

@@ -341,6 +341,9 @@ func TestReadonlySharedMount(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			m, _ := newTestManager(t, cfg)
+			if m.warm != nil {
+				waitWarm(t, m) // the job takes a warm init step
+			}
 			marker := filepath.Join(shared, "mounted-"+name)
 			spec := sh("ro-shared-"+name, fmt.Sprintf(
 				"echo ready; while [ ! -e %s ]; do sleep 0.02; done; echo x > %s/f && echo wrote; ls %s",
