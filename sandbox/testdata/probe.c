@@ -1,6 +1,8 @@
-// probe.c tries one thing a readonly job must not be able to do and prints what happened:
-// "ok" when the call succeeded, "errno N" when it failed. The tests build it with gcc and run it
-// inside the sandbox; x32 and i386 do not return when the filter kills the process.
+// probe.c tries one thing a readonly job must not be able to do (or, as setlk and alloc, still can)
+// and prints what happened: "ok" when the call succeeded, "errno N" when it failed. The tests of
+// sandbox and cmd/sbx build it with gcc and run it inside the sandbox; x32 and i386 do not return when
+// the filter kills the process. Nothing it does outlives it when it succeeds, except what it was asked
+// to change (cgroup-lift).
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
