@@ -71,21 +71,21 @@ type hidden struct {
 func findHidden(paths []string) ([]hidden, error) {
 	var hs []hidden
 	for _, p := range paths {
-		real, err := filepath.EvalSymlinks(p)
+		resolved, err := filepath.EvalSymlinks(p)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("hide %s: %w", p, err)
 		}
-		if real == "/" {
+		if resolved == "/" {
 			return nil, fmt.Errorf("hide %s: resolves to /", p)
 		}
-		fi, err := os.Stat(real)
+		fi, err := os.Stat(resolved)
 		if err != nil {
 			return nil, fmt.Errorf("hide %s: %w", p, err)
 		}
-		hs = append(hs, hidden{path: real, dir: fi.IsDir()})
+		hs = append(hs, hidden{path: resolved, dir: fi.IsDir()})
 	}
 	// Parents sort before their children.
 	slices.SortFunc(hs, func(a, b hidden) int { return strings.Compare(a.path, b.path) })

@@ -83,6 +83,13 @@ func (c probeCheck) refused(err error) bool {
 // probeChecks are the probe's checks, one or more for each rule of readonlyFilter and each bwrap
 // flag that docs/readonly.md's "What it blocks" names a probe check for.
 func probeChecks() []probeCheck {
+	// rawErr and rawFD take a raw syscall's results; rawFD closes the descriptor a call made.
+	rawErr := func(_, _ uintptr, errno unix.Errno) error {
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	}
 	rawFD := func(r, _ uintptr, errno unix.Errno) error {
 		if errno != 0 {
 			return errno
@@ -116,7 +123,7 @@ func probeChecks() []probeCheck {
 			return rawFD(unix.RawSyscall(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&params)), 0))
 		}},
 		// Without the filter: EINVAL, as a size of 0 is no struct clone_args; no child is made.
-		{"clone3", unix.ENOSYS, func() error { return errnoErr(rawErrno(unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0))) }},
+		{"clone3", unix.ENOSYS, func() error { return rawErr(unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)) }},
 		{"keyctl", unix.EPERM, func() error {
 			_, err := unix.KeyctlInt(unix.KEYCTL_GET_KEYRING_ID, unix.KEY_SPEC_SESSION_KEYRING, 0, 0, 0)
 			return err
@@ -137,7 +144,7 @@ func probeChecks() []probeCheck {
 			return err
 		})},
 		{"fcntl(F_SETLEASE|1<<32)", unix.EPERM, onRoot(func(fd int) error {
-			return errnoErr(rawErrno(unix.RawSyscall(unix.SYS_FCNTL, uintptr(fd), unix.F_SETLEASE|1<<32, unix.F_UNLCK)))
+			return rawErr(unix.RawSyscall(unix.SYS_FCNTL, uintptr(fd), unix.F_SETLEASE|1<<32, unix.F_UNLCK))
 		})},
 		{"create /.sbx-readonly-probe", 0, func() error {
 			f, err := os.OpenFile("/.sbx-readonly-probe", os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -163,14 +170,16 @@ func probeChecks() []probeCheck {
 // program: it is multithreaded). The program does not exist, so a child that was made fails to exec
 // with ENOENT and nothing runs; a refused namespace fails the clone itself.
 func probeUserns() error {
-	_, err := os.StartProcess("/nonexistent/sbx-readonly-probe", []string{"sbx-readonly-probe"}, &os.ProcAttr{
+	p, err := os.StartProcess("/nonexistent/sbx-readonly-probe", []string{"sbx-readonly-probe"}, &os.ProcAttr{
 		Sys: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER},
 	})
+	if err == nil { // cannot happen; the namespace was made in any case
+		_ = p.Kill()
+		_, _ = p.Wait()
+		return nil
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // the namespace was made
-	}
-	if err == nil {
-		return errors.New("started a program that does not exist")
 	}
 	return err
 }
@@ -194,15 +203,4 @@ func probe(w io.Writer) int {
 	}
 	fmt.Fprintln(w, probeOK)
 	return 0
-}
-
-// rawErrno is the errno of a raw syscall's results.
-func rawErrno(_, _ uintptr, errno unix.Errno) unix.Errno { return errno }
-
-// errnoErr is a raw syscall's errno as an error, nil for none.
-func errnoErr(e unix.Errno) error {
-	if e == 0 {
-		return nil
-	}
-	return e
 }
