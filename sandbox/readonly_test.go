@@ -19,6 +19,7 @@ import (
 
 	"github.com/containerd/cgroups/v3"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sbx-dev/sbx/sandbox/sandboxtest"
 	"golang.org/x/sys/unix"
 )
 
@@ -56,23 +57,6 @@ func requireReadonly(t *testing.T) {
 	}
 }
 
-// buildProbe compiles testdata/probe.c into a temporary directory, which the sandbox can read.
-func buildProbe(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed: the probes are C programs")
-	}
-	src, err := filepath.Abs(filepath.Join("testdata", "probe.c"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "probe")
-	if out, err := exec.Command("gcc", "-O2", "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // readonlyRun runs script readonly in dir with env and returns its exit code and output.
 func readonlyRun(t *testing.T, m *Manager, dir, script string, env ...string) (int, string) {
 	t.Helper()
@@ -87,7 +71,7 @@ func readonlyRun(t *testing.T, m *Manager, dir, script string, env ...string) (i
 // every cgroup version this machine has.
 func TestReadonly(t *testing.T) {
 	requireReadonly(t)
-	probe := buildProbe(t)
+	probe := sandboxtest.Probe(t)
 
 	// A listener on the host's loopback, which the job must not reach.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -312,19 +296,7 @@ func TestProbeReadonly(t *testing.T) {
 // writable), on the cold and warm v1 paths and on v2.
 func TestReadonlySharedMount(t *testing.T) {
 	requireReadonly(t)
-	// This machine's / may be private: the test makes a shared mount of its own.
-	shared := t.TempDir()
-	sub := filepath.Join(shared, "sub")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(shared, shared, "", unix.MS_BIND, ""); err != nil {
-		t.Skipf("bind mount: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(shared, unix.MNT_DETACH) })
-	if err := unix.Mount("", shared, "", unix.MS_SHARED, ""); err != nil {
-		t.Fatalf("make shared: %v", err)
-	}
+	shared, sub := sandboxtest.SharedMount(t)
 	var configs []Config
 	for _, cfg := range testConfigs(t) {
 		configs = append(configs, cfg)
@@ -442,7 +414,7 @@ func TestHideConfig(t *testing.T) {
 // user namespace of its own (there it would hold every capability, and it owns the cgroup's files).
 func TestReadonlyLimits(t *testing.T) {
 	requireReadonly(t)
-	probe := buildProbe(t)
+	probe := sandboxtest.Probe(t)
 	eachVersion(t, func(t *testing.T, cfg Config) {
 		m, _ := newTestManager(t, cfg)
 		lift := probe + " cgroup-lift cgroup2 memory.max max"

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/sandbox/sandboxtest"
 	"golang.org/x/sys/unix"
 )
 
@@ -69,31 +70,13 @@ func TestReadonlyUnavailable(t *testing.T) {
 	}
 }
 
-// buildProbe compiles the sandbox package's C probe (one call a readonly job must not be able to make,
-// reported as "ok" or "errno N") into a directory the sandbox can read.
-func buildProbe(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed: the probe is a C program")
-	}
-	src, err := filepath.Abs(filepath.Join("..", "..", "sandbox", "testdata", "probe.c"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "probe")
-	if out, err := exec.Command("gcc", "-O2", "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // TestReadonlyEscapes: each readonly escape of issue 7 fails through the whole system, as a readonly
 // job started through the API of `sbx serve` run by root. docs/readonly.md has a row for each.
 func TestReadonlyEscapes(t *testing.T) {
 	if _, err := exec.LookPath("bwrap"); err != nil {
 		t.Skip("bwrap is not installed")
 	}
-	probe := buildProbe(t)
+	probe := sandboxtest.Probe(t)
 	s := startServe(t)
 	ctx := t.Context()
 	if rs, err := s.c.Runners(ctx); err != nil || len(rs) != 1 || !rs[0].Readonly {
@@ -147,19 +130,7 @@ echo done`, reason: "exit", out: "done\n"},
 		})
 	}
 	t.Run("6 mount under a shared mount", func(t *testing.T) {
-		// This machine's / may be private: the test makes a shared mount of its own.
-		shared := t.TempDir()
-		sub := filepath.Join(shared, "sub")
-		if err := os.Mkdir(sub, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount(shared, shared, "", unix.MS_BIND, ""); err != nil {
-			t.Skipf("bind mount: %v", err)
-		}
-		t.Cleanup(func() { _ = unix.Unmount(shared, unix.MNT_DETACH) })
-		if err := unix.Mount("", shared, "", unix.MS_SHARED, ""); err != nil {
-			t.Fatalf("make shared: %v", err)
-		}
+		shared, sub := sandboxtest.SharedMount(t)
 		marker := filepath.Join(shared, "mounted")
 		r, err := s.c.Start(ctx, client.StartRequest{Cwd: "/", Readonly: true, Limits: &client.Limits{TimeoutMS: 30_000},
 			Command: fmt.Sprintf("echo ready; while [ ! -e %s ]; do sleep 0.02; done; echo x > %s/f && echo wrote; echo done", marker, sub)})
