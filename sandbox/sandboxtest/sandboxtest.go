@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// probeSource is testdata/probe.c: one call a readonly job must not (or must still) be able to make, reported
-// as "ok" or "errno N"; its head comment lists the checks.
+// probeSource is testdata/probe.c: one call a readonly job must not (or must still) be able to
+// make, reported as "ok" or "errno N"; its head comment says more.
 //
 //go:embed testdata/probe.c
 var probeSource []byte
