@@ -411,7 +411,8 @@ func TestHideConfig(t *testing.T) {
 }
 
 // TestReadonlyLimits: a readonly job cannot lift its own memory limit by mounting its cgroup from a
-// user namespace of its own (there it would hold every capability, and it owns the cgroup's files).
+// user namespace of its own (there it would hold every capability, and it owns the cgroup's files);
+// the limit holds and the usage is accounted, through bwrap's user namespace.
 func TestReadonlyLimits(t *testing.T) {
 	requireReadonly(t)
 	probe := sandboxtest.Probe(t)
@@ -440,6 +441,10 @@ func TestReadonlyLimits(t *testing.T) {
 		}
 		if got := out(); !res.OOMKilled || strings.HasPrefix(got, "ok") {
 			t.Errorf("exit code %d, OOM killed %v, output %q: want the lift refused and the job OOM killed", res.ExitCode, res.OOMKilled, got)
+		}
+		// The usage is accounted as for a plain job: the peak is the limit the job ran into.
+		if res.MemoryPeak < uint64(limit)/2 || res.CPU <= 0 {
+			t.Errorf("usage: peak %d bytes, CPU %v; want about %d bytes and some CPU", res.MemoryPeak, res.CPU, limit)
 		}
 	})
 }
