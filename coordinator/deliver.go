@@ -24,11 +24,16 @@ func (s *Service) addNotesLocked(ctx context.Context, l *liveJob, notes []note) 
 		if n.kind != KindFinished {
 			id = j.ID + "-" + string(n.kind) + "-" + rand.Text()[:10]
 		}
-		nn := &Notification{
-			ID: id, Session: j.Session, Kind: n.kind, Status: n.status, JobID: j.ID, Title: j.Title,
-			Detail: n.detail, OutputPath: j.OutputPath, CreatedAt: now,
+		title := n.title
+		if title == "" {
+			title = j.Title
 		}
-		nn.Text = Render(nn)
+		nn := &Notification{
+			ID: id, Session: j.Session, Kind: n.kind, Status: n.status, JobID: j.ID, Title: title,
+			Detail: n.detail, OutputPath: j.OutputPath, CreatedAt: now, Summary: n.summary, Event: n.event,
+			Format: s.formatLocked(j),
+		}
+		nn.Text = RenderAs(nn, nn.Format)
 		all = append(all, nn)
 	}
 	if err := s.jobs.AddNotifications(ctx, all); err != nil {
@@ -49,6 +54,25 @@ func (s *Service) addNotesLocked(ctx context.Context, l *liveJob, notes []note) 
 	return nil
 }
 
+// formatLocked is the format of a job's notifications: the one its start asked for, else its
+// session's, else <system_notification>. s.mu is held.
+func (s *Service) formatLocked(j *Job) Format {
+	if j.NotificationFormat != "" {
+		return j.NotificationFormat
+	}
+	if st, ok := s.sessions[j.Session]; ok && st.Format != "" {
+		return st.Format
+	}
+	return FormatSystem
+}
+
+// endNotified reports whether the job's last notification was already sent before its end: a
+// monitor stopped for printing too much says so once, and its end adds nothing (the tools send one
+// terminal notice).
+func (l *liveJob) endNotified() bool {
+	return l.watch != nil && l.watch.monStopped
+}
+
 // stallReadBytes is how much of the output's end is read to look for a prompt.
 const stallReadBytes = 8 << 10
 
@@ -67,7 +91,9 @@ func (s *Service) checkNotes(ctx context.Context) {
 				s.cfg.Logger.Error("store output notification", "job", l.job.ID, "err", err)
 			}
 		}
-		if l.job.Status != StatusRunning || l.stallChecked || l.size == 0 || now.Sub(l.lastGrowth) < s.cfg.StallAfter {
+		// A stall notifies once per job, as Claude Code's does, and never for a monitor, whose
+		// quiet spells are its normal state.
+		if l.job.Monitor || l.stallNotified || l.job.Status != StatusRunning || l.stallChecked || l.size == 0 || now.Sub(l.lastGrowth) < s.cfg.StallAfter {
 			continue
 		}
 		l.stallChecked = true
@@ -83,7 +109,8 @@ func (s *Service) checkNotes(ctx context.Context) {
 			s.cfg.Logger.Warn("read output tail", "job", l.job.ID, "err", err)
 			continue
 		}
-		if n, ok := stallNote(tail, now.Sub(l.lastGrowth).Truncate(time.Second)); ok {
+		if n, ok := stallNote(l.job, tail, now.Sub(l.lastGrowth).Truncate(time.Second)); ok {
+			l.stallNotified = true
 			if err := s.addNotesLocked(ctx, l, []note{n}); err != nil {
 				s.cfg.Logger.Error("store stall notification", "job", l.job.ID, "err", err)
 			}

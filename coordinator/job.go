@@ -52,6 +52,9 @@ type Job struct {
 	Cwd         string     `json:"cwd"`
 	Readonly    bool       `json:"readonly"`
 	User        string     `json:"user,omitempty"`
+	Shell       string     `json:"shell,omitempty"`
+	Linger      bool       `json:"linger,omitempty"`
+	Stdin       bool       `json:"stdin,omitempty"`
 	Pool        string     `json:"pool"`
 	Status      Status     `json:"status"`
 	Reason      string     `json:"reason,omitempty"`
@@ -74,8 +77,13 @@ type Job struct {
 	Notify     *OutputNotify `json:"notify_on_output,omitempty"`
 	Monitor    bool          `json:"monitor,omitempty"`
 	Persistent bool          `json:"persistent,omitempty"`
+	// NotificationFormat is the format of the job's notifications ("": its session's).
+	NotificationFormat Format `json:"notification_format,omitempty"`
 	// Observed is set when the end was seen by a waiting caller, so no finished notification was sent.
 	Observed bool `json:"observed,omitempty"`
+	// QueuedReason says why a queued job waits, from what the coordinator knows of the runners at the
+	// time it is read; it is not stored.
+	QueuedReason string `json:"-"`
 }
 
 // ElapsedMS is the time from start to end (or to now while running); 0 before the start.
@@ -90,7 +98,9 @@ func (j *Job) ElapsedMS(now time.Time) int64 {
 	return end.Sub(*j.StartedAt).Milliseconds()
 }
 
-// end moves the job to its final status. The status follows from the reason and exit code.
+// end moves the job to its final status. The status follows from the reason and exit code: an exit
+// succeeds or fails, a start that failed fails, and any stop from outside the command (a kill, a
+// signal, a limit, a lost runner) aborts, as the agent tools report it.
 func (j *Job) end(at time.Time, reason string, exitCode *int) {
 	j.Reason = reason
 	j.ExitCode = exitCode
@@ -98,7 +108,7 @@ func (j *Job) end(at time.Time, reason string, exitCode *int) {
 	switch {
 	case reason == proto.ReasonExit && exitCode != nil && *exitCode == 0:
 		j.Status = StatusSucceeded
-	case reason == proto.ReasonExit || reason == proto.ReasonSignal || reason == proto.ReasonStartFailed:
+	case reason == proto.ReasonExit || reason == proto.ReasonStartFailed:
 		j.Status = StatusFailed
 	default:
 		j.Status = StatusAborted

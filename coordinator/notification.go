@@ -29,8 +29,32 @@ const (
 	NoteAborted = "aborted"
 )
 
+// Format is how a notification's text is written.
+type Format string
+
+// Formats of a notification's text (see docs/notifications.md).
+const (
+	// FormatSystem is the agent-tool <system_notification> format of API.md, as Cursor writes it.
+	FormatSystem Format = "system_notification"
+	// FormatTask is Claude Code's <task-notification> format.
+	FormatTask Format = "task_notification"
+)
+
+// ParseFormat checks a format named by the request field `field`; "" stays "" (the default applies).
+func ParseFormat(field, s string) (Format, error) {
+	switch f := Format(s); f {
+	case "", FormatSystem, FormatTask:
+		return f, nil
+	}
+	return "", Errorf(EINVALID, "%s %q is not one of %s, %s.", field, s, FormatSystem, FormatTask)
+}
+
 // Notification is one thing an agent is told about a job. Seq is strictly increasing within its
 // session; ID is unique, and the same for a notification stored twice (a redelivered event).
+//
+// Title and Detail are what the <system_notification> form says, Summary and Event what the
+// <task-notification> form says; both are kept, so a stored notification renders in either format.
+// They hold what came from the job as it is; the renderings escape it.
 type Notification struct {
 	Seq        uint64           `json:"seq"`
 	ID         string           `json:"id"`
@@ -42,11 +66,25 @@ type Notification struct {
 	Detail     string           `json:"detail"`
 	OutputPath string           `json:"output_path"`
 	CreatedAt  time.Time        `json:"created_at"`
-	Text       string           `json:"text"`
+	Summary    string           `json:"summary,omitempty"`
+	Event      string           `json:"event,omitempty"`
+	// Format is the format Text is written in.
+	Format Format `json:"format,omitempty"`
+	Text   string `json:"text"`
+}
+
+// RenderAs returns the notification's text in format f ("" is FormatSystem).
+func RenderAs(n *Notification, f Format) string {
+	if f == FormatTask {
+		return RenderTask(n)
+	}
+	return Render(n)
 }
 
 // Render returns the notification in the agent-tool <system_notification> format of API.md, which a
-// harness can put into a model's context as it is. It has no trailing newline.
+// harness can put into a model's context as it is. It has no trailing newline. What came from the
+// job is escaped (&, <, >), so that output cannot close the frame or open one, and the lines of a
+// multi-line value after its first are indented, so that none reads as a field of the task.
 func Render(n *Notification) string {
 	verb := "has notified"
 	if n.Kind == KindFinished {
@@ -57,17 +95,75 @@ func Render(n *Notification) string {
 	b.WriteString(verb)
 	b.WriteString(". If you were already aware, ignore this notification and do not restate prior responses.\n\n<task>\nkind: shell\n")
 	b.WriteString("status: " + n.Status + "\n")
-	b.WriteString("task_id: " + n.JobID + "\n")
-	b.WriteString("title: " + oneLine(n.Title) + "\n")
-	b.WriteString("tool_call_id: " + n.JobID + "\n")
+	b.WriteString("task_id: " + escape(n.JobID) + "\n")
+	b.WriteString("title: " + escape(oneLine(n.Title)) + "\n")
+	b.WriteString("tool_call_id: " + escape(n.JobID) + "\n")
 	if n.Detail != "" {
-		b.WriteString("detail: " + n.Detail + "\n")
+		b.WriteString("detail: " + indent(escape(n.Detail)) + "\n")
 	}
 	if n.OutputPath != "" {
-		b.WriteString("output_path: " + n.OutputPath + "\n")
+		b.WriteString("output_path: " + escape(n.OutputPath) + "\n")
 	}
 	b.WriteString("</task>\n</system_notification>\nBriefly inform the user about the task result and perform any follow-up actions (if needed).")
 	return b.String()
+}
+
+// stallAdvice ends a stall notification in the <task-notification> form, as Claude Code's does.
+const stallAdvice = "The command is likely blocked on an interactive prompt. Kill this task and re-run with piped input (e.g., `echo y | command`) or a non-interactive flag if one exists."
+
+// RenderTask returns the notification in Claude Code's <task-notification> format: the element
+// with task-id, output-file, status (only for a job's end: completed, failed or killed) and
+// summary, then the event's lines, if any; after it, for a job's end, where to read the output,
+// and for a stall, the last output and what to do. It has no trailing newline and escapes what
+// came from the job (&, <, >).
+func RenderTask(n *Notification) string {
+	var b strings.Builder
+	b.WriteString("<task-notification>\n<task-id>" + escape(n.JobID) + "</task-id>\n")
+	if n.OutputPath != "" && n.Kind != KindMonitor {
+		b.WriteString("<output-file>" + escape(n.OutputPath) + "</output-file>\n")
+	}
+	if n.Kind == KindFinished {
+		b.WriteString("<status>" + taskStatus(n.Status) + "</status>\n")
+	}
+	b.WriteString("<summary>" + escape(oneLine(n.Summary)) + "</summary>\n")
+	if n.Event != "" && n.Kind != KindStall {
+		b.WriteString("<event>" + escape(n.Event) + "</event>\n")
+	}
+	b.WriteString("</task-notification>")
+	switch {
+	case n.Kind == KindStall:
+		b.WriteString("\nLast output:\n" + escape(n.Event) + "\n\n" + stallAdvice)
+	case n.Kind == KindFinished && n.OutputPath != "":
+		b.WriteString("\nRead the output file to retrieve the result: " + escape(n.OutputPath))
+	}
+	return b.String()
+}
+
+// taskStatus is the <task-notification> status of a job's end.
+func taskStatus(status string) string {
+	switch status {
+	case NoteSuccess:
+		return "completed"
+	case NoteError:
+		return "failed"
+	}
+	return "killed"
+}
+
+// escaper keeps a value from being read as markup: no text from a job can close a frame or open one.
+var escaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;")
+
+func escape(s string) string { return escaper.Replace(s) }
+
+// indent indents the lines of s after its first, but blank ones, by two spaces.
+func indent(s string) string {
+	lines := strings.Split(s, "\n")
+	for i := 1; i < len(lines); i++ {
+		if lines[i] != "" {
+			lines[i] = "  " + lines[i]
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 // oneLine keeps a field on its line of the rendering.

@@ -21,9 +21,10 @@ const (
 	DefaultDebounce = 5 * time.Second
 	// MaxDebounce bounds the debounce window.
 	MaxDebounce = time.Hour
-	// MaxMatches is how many matches of a job are notified; the next one sends the limit notice.
+	// MaxMatches is how many matches of a job are notified; the last one sends the limit notice too.
 	MaxMatches = 100
-	// MaxMatchText is the longest matched line a notification quotes; a longer one is named by length.
+	// MaxMatchText is the longest matched text (or monitor line) a notification quotes; a longer one
+	// is named by its length.
 	MaxMatchText = 5000
 	// maxLine is the longest partial line held; a longer one is handled as a line of its own.
 	maxLine = 64 << 10
@@ -52,9 +53,6 @@ func (o *OutputNotify) validate(minDebounce time.Duration) error {
 	if n := utf8.RuneCountInString(o.Reason); n > MaxNotifyReason {
 		return Errorf(EINVALID, "notify_on_output.reason is %d characters; the limit is %d.", n, MaxNotifyReason)
 	}
-	if o.Reason == "" {
-		o.Reason = o.Pattern
-	}
 	if o.DebounceMS == 0 {
 		o.DebounceMS = DefaultDebounce.Milliseconds()
 	}
@@ -64,25 +62,31 @@ func (o *OutputNotify) validate(minDebounce time.Duration) error {
 	return nil
 }
 
-// note is a notification not yet stored: the service fills in the job's fields and the seq.
+// note is a notification not yet stored: the service fills in the job's fields and the seq. title
+// "" is the job's title; summary and event are what its <task-notification> form says.
 type note struct {
-	kind   NotificationKind
-	status string
-	detail string
+	kind    NotificationKind
+	status  string
+	title   string
+	detail  string
+	summary string
+	event   string
 }
 
 // watch follows one job's output line by line: it matches notify_on_output's pattern, debouncing,
 // and collects a monitor's lines. It sees only the gap-free body, in order. Its owner holds s.mu.
 type watch struct {
+	jobTitle string
 	re       *regexp.Regexp
-	reason   string
+	pattern  string
+	title    string // the title of the job's output notifications: the reason
 	debounce time.Duration
 	partial  []byte
 
 	matches   int       // lines that matched so far
 	windowEnd time.Time // end of the debounce window; zero when none is open
 	pending   int       // matches inside the window not yet notified
-	latest    string    // the latest pending match
+	latest    string    // the text of the latest pending match
 	latestN   int       // its occurrence number
 	limited   bool      // the limit notice was sent: nothing more
 
@@ -92,7 +96,7 @@ type watch struct {
 	monStart     time.Time
 	monCount     int
 	monLines     []string
-	monStopped   bool // the monitor went over its rate: it is being stopped
+	monStopped   bool // the monitor went over its rate: it is being stopped, and that was its last word
 	monKillAsked bool
 
 	notes []note
@@ -103,16 +107,30 @@ func newWatch(j *Job, cfg *Config) *watch {
 	if j.Notify == nil && !j.Monitor {
 		return nil
 	}
-	w := &watch{monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow}
+	w := &watch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow}
 	if j.Notify != nil {
 		// The pattern was checked at the start; a stored one that no longer compiles watches nothing.
 		re, err := regexp.Compile(j.Notify.Pattern)
 		if err == nil {
-			w.re, w.reason = re, j.Notify.Reason
+			w.re, w.pattern = re, j.Notify.Pattern
+			w.title = matchTitle(j.Notify)
 			w.debounce = time.Duration(j.Notify.DebounceMS) * time.Millisecond
 		}
 	}
 	return w
+}
+
+// matchTitle is the title of a job's output notifications: the reason, else a sentence naming the
+// pattern, cut to MaxNotifyReason characters as Cursor cuts it.
+func matchTitle(n *OutputNotify) string {
+	t := strings.TrimSpace(n.Reason)
+	if t == "" {
+		t = "Shell output contains /" + n.Pattern + "/"
+	}
+	if r := []rune(t); len(r) > MaxNotifyReason {
+		t = string(r[:MaxNotifyReason]) + "..."
+	}
+	return t
 }
 
 // feed takes newly contiguous output bytes.
@@ -164,53 +182,78 @@ func (w *watch) tick(now time.Time) {
 }
 
 func (w *watch) line(line string, now time.Time) {
-	if w.monitor && !w.monStopped {
+	if w.monStopped {
+		return // the stop notice was the monitor's last word
+	}
+	if w.monitor {
 		if w.monStart.IsZero() || now.Sub(w.monStart) >= w.monWindow {
 			w.monStart, w.monCount = now, 0
 		}
 		w.monCount++
 		if w.monCount > w.monMax {
 			w.flushMonitor()
+			w.flushMatches()
 			w.monStopped = true
-			w.notes = append(w.notes, note{KindLimit, NoteAborted, fmt.Sprintf(
-				"Monitor stopped: more than %d lines in %s; restart with a tighter filter.", w.monMax, w.monWindow)})
-		} else {
-			w.monLines = append(w.monLines, describe(line, "line"))
+			stop := fmt.Sprintf("[Monitor stopped — too much output (more than %d lines in %s). Restart with a more selective source.]", w.monMax, w.monWindow)
+			w.notes = append(w.notes, note{kind: KindLimit, status: NoteAborted, detail: stop, summary: monitorEvent(w.jobTitle), event: stop})
+			return
 		}
+		w.monLines = append(w.monLines, describe(line, "line"))
 	}
-	if w.re == nil || w.limited || !w.re.MatchString(line) {
+	if w.re == nil || w.limited {
 		return
 	}
+	loc := w.re.FindStringIndex(line)
+	if loc == nil {
+		return
+	}
+	text := line[loc[0]:loc[1]]
 	w.tick(now)
 	w.matches++
-	if w.matches > MaxMatches {
+	if w.windowEnd.IsZero() {
+		w.notes = append(w.notes, w.matchNote(1, w.matches, text))
+		w.windowEnd = now.Add(w.debounce)
+	} else {
+		w.pending++
+		w.latest, w.latestN = text, w.matches
+	}
+	if w.matches == MaxMatches {
+		// As Cursor does: the limit notice comes with the last match notified, not after it.
 		w.flushMatches()
 		w.limited = true
-		w.notes = append(w.notes, note{KindLimit, NoteAborted, fmt.Sprintf(
-			"%s: Notification limit reached (%d); further matches are not notified.", w.reason, MaxMatches)})
-		return
+		d := fmt.Sprintf("Shell output matched /%s/ %d times and has reached the notification limit. No further notifications will be sent for this pattern. To continue monitoring, read the output file directly at the output path.", w.pattern, MaxMatches)
+		w.notes = append(w.notes, note{
+			kind: KindLimit, status: NoteSuccess, title: fmt.Sprintf("Notification limit reached (%d)", MaxMatches),
+			detail: d, summary: monitorEvent(w.title), event: d,
+		})
 	}
-	if w.windowEnd.IsZero() {
-		w.notes = append(w.notes, note{KindOutput, NoteSuccess, fmt.Sprintf(
-			"%s (occurrence %d): %s", w.reason, w.matches, describe(line, "matched line"))})
-		w.windowEnd = now.Add(w.debounce)
-		return
+}
+
+// matchNote is the output notification of count matches, the latest being occurrence number n with
+// the matched text; its sentences are Cursor's.
+func (w *watch) matchNote(count, n int, text string) note {
+	label := "Latest match"
+	if n == 1 {
+		label = "Matched text"
 	}
-	w.pending++
-	w.latest, w.latestN = line, w.matches
+	matched := label + ": " + text + "."
+	if c := utf8.RuneCountInString(text); c > MaxMatchText {
+		matched = fmt.Sprintf("%s is %d characters; omitted from notification detail.", label, c)
+	}
+	var d string
+	if count == 1 {
+		d = fmt.Sprintf("Shell output has pattern /%s/. This is occurrence number %d. %s The title message is being displayed to the user.", w.pattern, n, matched)
+	} else {
+		d = fmt.Sprintf("Shell output matched /%s/ %d more times since the previous notification. The title message is being displayed to the user. %s", w.pattern, count, matched)
+	}
+	return note{kind: KindOutput, status: NoteSuccess, title: w.title, detail: d, summary: monitorEvent(w.title), event: d}
 }
 
 func (w *watch) flushMatches() {
 	if w.pending == 0 {
 		return
 	}
-	times := "times"
-	if w.pending == 1 {
-		times = "time"
-	}
-	w.notes = append(w.notes, note{KindOutput, NoteSuccess, fmt.Sprintf(
-		"%s: %d more %s since the previous notification; latest (occurrence %d): %s",
-		w.reason, w.pending, times, w.latestN, describe(w.latest, "matched line"))})
+	w.notes = append(w.notes, w.matchNote(w.pending, w.latestN, w.latest))
 	w.pending, w.latest = 0, ""
 }
 
@@ -218,7 +261,8 @@ func (w *watch) flushMonitor() {
 	if len(w.monLines) == 0 {
 		return
 	}
-	w.notes = append(w.notes, note{KindMonitor, NoteSuccess, strings.Join(w.monLines, "\n")})
+	lines := strings.Join(w.monLines, "\n")
+	w.notes = append(w.notes, note{kind: KindMonitor, status: NoteSuccess, detail: lines, summary: monitorEvent(w.jobTitle), event: lines})
 	w.monLines = nil
 }
 
@@ -229,6 +273,12 @@ func (w *watch) take() []note {
 	return n
 }
 
+// monitorEvent is the <task-notification> summary of a watcher's event, as Claude Code's Monitor
+// writes it.
+func monitorEvent(title string) string {
+	return `Monitor event: "` + title + `"`
+}
+
 // describe quotes a line, or names it by its length when it is longer than MaxMatchText characters.
 func describe(s, what string) string {
 	if n := utf8.RuneCountInString(s); n > MaxMatchText {
@@ -237,15 +287,16 @@ func describe(s, what string) string {
 	return s
 }
 
-// promptRE recognises a last line that waits for an answer.
-var promptRE = regexp.MustCompile(`(?i)\(y/n\)|\[y/n\]|\(yes/no\)|\[yes/no\]|press enter|press any key|continue\?|overwrite\?|are you sure.*\?|password:|passphrase.*:`)
+// promptRE recognises a last line that waits for an answer: Claude Code's patterns, and a few more.
+var promptRE = regexp.MustCompile(`(?i)\(y/n\)|\[y/n\]|\(yes/no\)|\[yes/no\]|press (?:enter|any key)|continue\?|overwrite\?|\b(?:do you|would you|shall i|are you sure|ready to)\b.*\? *$|password:|passphrase.*:`)
 
-// stallNote returns the stall notification of an output tail whose last line looks like a prompt.
-func stallNote(tail []byte, quiet time.Duration) (note, bool) {
+// stallNote returns the stall notification of a job whose output's tail ends with a line that
+// looks like a prompt.
+func stallNote(j *Job, tail []byte, quiet time.Duration) (note, bool) {
 	text := strings.ReplaceAll(string(tail), "\r", "")
 	text = strings.TrimRight(text, " \t\n")
 	lines := strings.Split(text, "\n")
-	if len(lines) == 0 || !promptRE.MatchString(lines[len(lines)-1]) {
+	if !promptRE.MatchString(lines[len(lines)-1]) {
 		return note{}, false
 	}
 	if len(lines) > stallTail {
@@ -254,31 +305,74 @@ func stallNote(tail []byte, quiet time.Duration) (note, bool) {
 	for i, l := range lines {
 		lines[i] = describe(l, "line")
 	}
-	return note{KindStall, NoteError, fmt.Sprintf(
-		"No output for %s and the last line looks like a prompt waiting for input (stdin is /dev/null); last lines:\n%s",
-		quiet.Round(time.Second), strings.Join(lines, "\n"))}, true
+	last := strings.Join(lines, "\n")
+	return note{
+		kind: KindStall, status: NoteError,
+		detail: fmt.Sprintf("The command appears to be waiting for interactive input: no output for %s, and its last line looks like a prompt. Last output:\n%s\n\n%s",
+			quiet.Round(time.Second), last, stallAdvice),
+		summary: `Background command "` + j.Title + `" appears to be waiting for interactive input`,
+		event:   last,
+	}, true
 }
 
-// finishedNote is the finished notification of an ended job.
+// finishedNote is the finished notification of an ended job. A success has no detail, a failure
+// its exit code, an abort its reason (and the signal, and why, when known); the summary is Claude
+// Code's sentence.
 func finishedNote(j *Job) note {
-	code := ""
-	if j.ExitCode != nil {
-		code = "exit_code=" + strconv.Itoa(*j.ExitCode)
+	subject := `Background command "` + j.Title + `"`
+	if j.Monitor {
+		subject = `Monitor "` + j.Title + `"`
 	}
 	switch {
 	case j.Status == StatusSucceeded:
-		return note{KindFinished, NoteSuccess, code}
-	case j.Status == StatusFailed && code != "":
-		return note{KindFinished, NoteError, code}
+		n := note{kind: KindFinished, status: NoteSuccess, summary: subject + " completed (exit code 0)"}
+		if j.Monitor {
+			n.summary = subject + " stream ended"
+		}
+		return n
+	case j.Status == StatusFailed && j.ExitCode != nil:
+		code := strconv.Itoa(*j.ExitCode)
+		return note{kind: KindFinished, status: NoteError, detail: "exit_code=" + code, summary: subject + " failed with exit code " + code}
 	case j.Status == StatusFailed:
-		return note{KindFinished, NoteError, "reason=" + j.Reason}
+		n := note{kind: KindFinished, status: NoteError, detail: "reason=" + j.Reason, summary: subject + " failed to start"}
+		if j.Error != "" {
+			n.detail += " (" + j.Error + ")"
+			n.summary += " (" + j.Error + ")"
+		}
+		return n
 	}
 	d := "reason=" + j.Reason
-	if code != "" {
-		d += " " + code
+	why := j.Error
+	if j.Reason == proto.ReasonSignal {
+		sig := signalName(j.Signal)
+		d += " signal=" + sig
+		if why == "" {
+			why = "signal " + sig
+		}
 	}
-	if j.Reason == proto.ReasonLost && j.Error != "" {
+	if j.Error != "" {
 		d += " (" + j.Error + ")"
 	}
-	return note{KindFinished, NoteAborted, d}
+	if why == "" {
+		why = j.Reason
+	}
+	n := note{kind: KindFinished, status: NoteAborted, detail: d, summary: subject + " was stopped"}
+	if j.Reason != proto.ReasonKilled {
+		n.summary += " (" + why + ")"
+	}
+	if j.Monitor && j.Reason == proto.ReasonTimeout {
+		n.event = "[Monitor timed out — re-arm if needed.]"
+	}
+	return n
+}
+
+// signalName names a Linux signal by its number (SIGSEGV), or by the number when it has no name.
+func signalName(n int) string {
+	names := [...]string{"", "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV",
+		"USR2", "PIPE", "ALRM", "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG", "XCPU",
+		"XFSZ", "VTALRM", "PROF", "WINCH", "IO", "PWR", "SYS"}
+	if n > 0 && n < len(names) {
+		return "SIG" + names[n]
+	}
+	return strconv.Itoa(n)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -144,11 +145,16 @@ func (e *env) chunk(id string, off int64, data string) {
 // exit plays the job's exit with reason and code (code < 0: none).
 func (e *env) exit(id, reason string, code int, size int64) {
 	e.t.Helper()
-	ev := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: e.clk.Now(), Reason: reason, OutputBytes: size}
+	e.event(exitEvent(id, reason, code, size, e.clk.Now()))
+}
+
+// exitEvent is the exit event of a job with reason and code (code < 0: none) after size bytes.
+func exitEvent(id, reason string, code int, size int64, at time.Time) *proto.Event {
+	ev := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: at, Reason: reason, OutputBytes: size}
 	if code >= 0 {
 		ev.ExitCode = &code
 	}
-	e.event(ev)
+	return ev
 }
 
 // notes returns the session's notifications after seq (all of them: after 0).
@@ -174,6 +180,17 @@ func (e *env) eventually(session string, n int) []*coordinator.Notification {
 	}
 }
 
+// wantNotes checks the default session's notifications against want (as summary writes them) and
+// returns them.
+func (e *env) wantNotes(want string) []*coordinator.Notification {
+	e.t.Helper()
+	notes := e.notes("default", 0)
+	if got := summary(notes); got != want {
+		e.t.Fatalf("got\n%swant\n%s", got, want)
+	}
+	return notes
+}
+
 func summary(notes []*coordinator.Notification) string {
 	var b strings.Builder
 	for _, n := range notes {
@@ -183,20 +200,22 @@ func summary(notes []*coordinator.Notification) string {
 }
 
 // TestFinished: one finished notification per job, with its status and detail, and only once the
-// job ended.
+// job ended. A success has no detail; a job stopped from outside (a kill, a signal, a limit) is
+// aborted and says why.
 func TestFinished(t *testing.T) {
 	tests := []struct {
-		reason       string
-		code         int
+		reason, why  string
+		code, signal int
 		status, want string
+		summary      string
 	}{
-		{proto.ReasonExit, 0, "success", "exit_code=0"},
-		{proto.ReasonExit, 1, "error", "exit_code=1"},
-		{proto.ReasonSignal, 137, "error", "exit_code=137"},
-		{proto.ReasonKilled, 143, "aborted", "reason=killed exit_code=143"},
-		{proto.ReasonTimeout, -1, "aborted", "reason=timeout"},
-		{proto.ReasonOOM, 137, "aborted", "reason=oom exit_code=137"},
-		{proto.ReasonOutputLimit, -1, "aborted", "reason=output_limit"},
+		{proto.ReasonExit, "", 0, 0, "success", "", `Background command "unit tests" completed (exit code 0)`},
+		{proto.ReasonExit, "", 1, 0, "error", "exit_code=1", `Background command "unit tests" failed with exit code 1`},
+		{proto.ReasonSignal, "", 139, 11, "aborted", "reason=signal signal=SIGSEGV", `Background command "unit tests" was stopped (signal SIGSEGV)`},
+		{proto.ReasonKilled, "killed on request", 143, 15, "aborted", "reason=killed (killed on request)", `Background command "unit tests" was stopped`},
+		{proto.ReasonTimeout, "timed out after 1000 ms", -1, 0, "aborted", "reason=timeout (timed out after 1000 ms)", `Background command "unit tests" was stopped (timed out after 1000 ms)`},
+		{proto.ReasonOOM, "the memory limit was reached", 137, 9, "aborted", "reason=oom (the memory limit was reached)", `Background command "unit tests" was stopped (the memory limit was reached)`},
+		{proto.ReasonOutputLimit, "", -1, 0, "aborted", "reason=output_limit", `Background command "unit tests" was stopped (output_limit)`},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s %d", tt.reason, tt.code), func(t *testing.T) {
@@ -206,46 +225,25 @@ func TestFinished(t *testing.T) {
 			if notes := e.notes("default", 0); len(notes) != 0 {
 				t.Fatalf("notified before the exit:\n%s", summary(notes))
 			}
-			e.exit(id, tt.reason, tt.code, 3)
+			ev := exitEvent(id, tt.reason, tt.code, 3, e.clk.Now())
+			ev.Signal, ev.Error = tt.signal, tt.why
+			e.event(ev)
 			notes := e.notes("default", 0)
 			if len(notes) != 1 {
 				t.Fatalf("got %d notifications, want 1:\n%s", len(notes), summary(notes))
 			}
 			n := notes[0]
-			if n.Kind != coordinator.KindFinished || n.Status != tt.status || n.Detail != tt.want || n.JobID != id || n.Seq != 1 || n.Title != "unit tests" {
-				t.Fatalf("notification %+v, want %s %q", n, tt.status, tt.want)
+			if n.Kind != coordinator.KindFinished || n.Status != tt.status || n.Detail != tt.want || n.JobID != id || n.Seq != 1 || n.Title != "unit tests" || n.Summary != tt.summary {
+				t.Fatalf("notification %+v, want %s %q %q", n, tt.status, tt.want, tt.summary)
+			}
+			if hasDetail := strings.Contains(n.Text, "\ndetail: "); hasDetail != (tt.want != "") {
+				t.Fatalf("text:\n%s", n.Text)
+			}
+			j, _ := e.svc.Job(t.Context(), id)
+			if want := map[string]coordinator.Status{"success": coordinator.StatusSucceeded, "error": coordinator.StatusFailed, "aborted": coordinator.StatusAborted}[tt.status]; j.Status != want {
+				t.Fatalf("job status %s, want %s", j.Status, want)
 			}
 		})
-	}
-}
-
-// TestRender: the text is API.md's rendering, byte for byte.
-func TestRender(t *testing.T) {
-	n := &coordinator.Notification{
-		Kind: coordinator.KindFinished, Status: "error", JobID: "123456", Title: "unit tests",
-		Detail: "exit_code=1", OutputPath: "/var/lib/sbx/terminals/123456.txt",
-	}
-	want := `<system_notification>
-The following task has finished. If you were already aware, ignore this notification and do not restate prior responses.
-
-<task>
-kind: shell
-status: error
-task_id: 123456
-title: unit tests
-tool_call_id: 123456
-detail: exit_code=1
-output_path: /var/lib/sbx/terminals/123456.txt
-</task>
-</system_notification>
-Briefly inform the user about the task result and perform any follow-up actions (if needed).`
-	if got := coordinator.Render(n); got != want {
-		t.Fatalf("got\n%s\nwant\n%s", got, want)
-	}
-	n.Kind, n.Detail, n.OutputPath = coordinator.KindOutput, "", ""
-	got := coordinator.Render(n)
-	if !strings.Contains(got, "The following task has notified.") || strings.Contains(got, "detail:") || strings.Contains(got, "output_path:") {
-		t.Fatalf("output rendering:\n%s", got)
 	}
 }
 
@@ -347,42 +345,43 @@ func TestObserved(t *testing.T) {
 }
 
 // TestOutputDebounce: the first match notifies at once, later ones in the window are counted into
-// one notification, flushed before the finished one.
+// one notification, flushed before the finished one. The texts are Cursor's, titled with the reason.
 func TestOutputDebounce(t *testing.T) {
 	e := newEnv(t)
-	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `^ERROR`, Reason: "an error"}})
+	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `^ERROR \d+`, Reason: "an error"}})
 	var out strings.Builder
 	for i := range 20 {
-		fmt.Fprintf(&out, "ok %d\r\nERROR %d\r\n", i, i)
+		fmt.Fprintf(&out, "ok %d\r\nERROR %d: boom\r\n", i, i)
 	}
 	// In three chunks, split inside lines.
 	s := out.String()
 	e.chunk(id, 0, s[:7])
 	e.chunk(id, 7, s[7:100])
 	e.chunk(id, 100, s[100:])
+	first := "Shell output has pattern /^ERROR \\d+/. This is occurrence number 1. Matched text: ERROR 0. The title message is being displayed to the user."
 	notes := e.notes("default", 0)
-	if len(notes) != 1 || notes[0].Kind != coordinator.KindOutput || notes[0].Detail != "an error (occurrence 1): ERROR 0" {
+	if len(notes) != 1 || notes[0].Kind != coordinator.KindOutput || notes[0].Detail != first {
 		t.Fatalf("after the output:\n%s", summary(notes))
 	}
 	e.exit(id, proto.ReasonExit, 0, int64(len(s)))
-	notes = e.notes("default", 0)
-	want := `1 output success "an error (occurrence 1): ERROR 0"
-2 output success "an error: 19 more times since the previous notification; latest (occurrence 20): ERROR 19"
-3 finished success "exit_code=0"
+	want := `1 output success "Shell output has pattern /^ERROR \\d+/. This is occurrence number 1. Matched text: ERROR 0. The title message is being displayed to the user."
+2 output success "Shell output matched /^ERROR \\d+/ 19 more times since the previous notification. The title message is being displayed to the user. Latest match: ERROR 19."
+3 finished success ""
 `
-	if got := summary(notes); got != want {
-		t.Fatalf("got\n%swant\n%s", got, want)
-	}
-	if !strings.Contains(notes[1].Text, "has notified") {
-		t.Fatalf("text: %s", notes[1].Text)
+	notes = e.wantNotes(want)
+	for _, n := range notes[:2] {
+		if n.Title != "an error" || n.Summary != `Monitor event: "an error"` || n.Event != n.Detail || !strings.Contains(n.Text, "has notified") || !strings.Contains(n.Text, "\ntitle: an error\n") {
+			t.Fatalf("notification %+v", n)
+		}
 	}
 }
 
 // TestOutputWindow: a window that closes sends what it counted; after a quiet window the next match
-// notifies at once; a partial last line is matched at the end.
+// notifies at once; a partial last line is matched at the end. Without a reason the title names
+// the pattern.
 func TestOutputWindow(t *testing.T) {
 	e := newEnv(t)
-	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `fail`, DebounceMS: 1000}})
+	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `fail \d`, DebounceMS: 1000}})
 	e.chunk(id, 0, "fail 1\nfail 2\nfail 3\n")
 	e.clk.advance(1500 * time.Millisecond)
 	e.eventually("default", 2)
@@ -390,43 +389,56 @@ func TestOutputWindow(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	e.chunk(id, 21, "fail 4\nfail 5")
 	e.exit(id, proto.ReasonExit, 2, 34)
-	want := `1 output success "fail (occurrence 1): fail 1"
-2 output success "fail: 2 more times since the previous notification; latest (occurrence 3): fail 3"
-3 output success "fail (occurrence 4): fail 4"
-4 output success "fail: 1 more time since the previous notification; latest (occurrence 5): fail 5"
+	want := `1 output success "Shell output has pattern /fail \\d/. This is occurrence number 1. Matched text: fail 1. The title message is being displayed to the user."
+2 output success "Shell output matched /fail \\d/ 2 more times since the previous notification. The title message is being displayed to the user. Latest match: fail 3."
+3 output success "Shell output has pattern /fail \\d/. This is occurrence number 4. Latest match: fail 4. The title message is being displayed to the user."
+4 output success "Shell output has pattern /fail \\d/. This is occurrence number 5. Latest match: fail 5. The title message is being displayed to the user."
 5 finished error "exit_code=2"
 `
-	if got := summary(e.notes("default", 0)); got != want {
-		t.Fatalf("got\n%swant\n%s", got, want)
+	notes := e.wantNotes(want)
+	if notes[0].Title != `Shell output contains /fail \d/` || notes[4].Title != "make test" {
+		t.Fatalf("titles %q, %q", notes[0].Title, notes[4].Title)
 	}
 }
 
-// TestOutputLimit: after 100 matches, one limit notice and nothing more.
+// TestOutputLimit: the 100th match brings the limit notice with it (not the 101st), and nothing
+// more is notified.
 func TestOutputLimit(t *testing.T) {
-	e := newEnv(t)
-	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `x`}})
-	var off int64
-	for i := range 150 {
-		line := fmt.Sprintf("x%d\n", i)
-		e.chunk(id, off, line)
-		off += int64(len(line))
-	}
-	e.exit(id, proto.ReasonExit, 0, off)
-	want := `1 output success "x (occurrence 1): x0"
-2 output success "x: 99 more times since the previous notification; latest (occurrence 100): x99"
-3 limit aborted "x: Notification limit reached (100); further matches are not notified."
-4 finished success "exit_code=0"
+	for _, n := range []int{100, 150} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			e := newEnv(t)
+			id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `x\d+`, Reason: "x"}})
+			var off int64
+			for i := range n {
+				line := fmt.Sprintf("x%d\n", i)
+				e.chunk(id, off, line)
+				off += int64(len(line))
+				if i == 99 {
+					// The notice is there at the 100th match, before the window closes or the job ends.
+					if got := e.notes("default", 0); len(got) != 3 || got[2].Kind != coordinator.KindLimit {
+						t.Fatalf("after the 100th match:\n%s", summary(got))
+					}
+				}
+			}
+			e.exit(id, proto.ReasonExit, 0, off)
+			want := `1 output success "Shell output has pattern /x\\d+/. This is occurrence number 1. Matched text: x0. The title message is being displayed to the user."
+2 output success "Shell output matched /x\\d+/ 99 more times since the previous notification. The title message is being displayed to the user. Latest match: x99."
+3 limit success "Shell output matched /x\\d+/ 100 times and has reached the notification limit. No further notifications will be sent for this pattern. To continue monitoring, read the output file directly at the output path."
+4 finished success ""
 `
-	if got := summary(e.notes("default", 0)); got != want {
-		t.Fatalf("got\n%swant\n%s", got, want)
+			notes := e.wantNotes(want)
+			if notes[2].Title != "Notification limit reached (100)" {
+				t.Fatalf("limit title %q", notes[2].Title)
+			}
+		})
 	}
 }
 
 // TestOutputOutOfOrder: a chunk beyond a gap is matched only once the gap is filled, in order, and
-// a long matched line is named by its length.
+// a long matched text is named by its length.
 func TestOutputOutOfOrder(t *testing.T) {
 	e := newEnv(t)
-	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `^(a|b|L)`}})
+	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `^(a|b|L.*)`}})
 	long := "L" + strings.Repeat("-", 6000) + "\n"
 	e.chunk(id, 4, "b 2\n"+long)
 	if notes := e.notes("default", 0); len(notes) != 0 {
@@ -434,20 +446,18 @@ func TestOutputOutOfOrder(t *testing.T) {
 	}
 	e.chunk(id, 0, "a 1\n")
 	e.exit(id, proto.ReasonExit, 0, int64(8+len(long)))
-	want := `1 output success "^(a|b|L) (occurrence 1): a 1"
-2 output success "^(a|b|L): 2 more times since the previous notification; latest (occurrence 3): (a matched line of 6001 characters)"
-3 finished success "exit_code=0"
+	want := `1 output success "Shell output has pattern /^(a|b|L.*)/. This is occurrence number 1. Matched text: a. The title message is being displayed to the user."
+2 output success "Shell output matched /^(a|b|L.*)/ 2 more times since the previous notification. The title message is being displayed to the user. Latest match is 6001 characters; omitted from notification detail."
+3 finished success ""
 `
-	if got := summary(e.notes("default", 0)); got != want {
-		t.Fatalf("got\n%swant\n%s", got, want)
-	}
+	e.wantNotes(want)
 }
 
-// TestStall: output unchanged with a prompt as its last line notifies once per stall, and the
-// job's end still notifies.
+// TestStall: output unchanged with a prompt as its last line notifies once per job (a later
+// prompt does not notify again), and the job's end still notifies; a monitor never stalls.
 func TestStall(t *testing.T) {
 	e := newEnv(t, func(c *coordinator.Config) { c.RunnerDeadline = 24 * time.Hour })
-	id := e.start(coordinator.StartRequest{})
+	id := e.start(coordinator.StartRequest{Title: "init"})
 	e.chunk(id, 0, "working\n")
 	e.clk.advance(time.Minute)
 	time.Sleep(30 * time.Millisecond)
@@ -457,39 +467,87 @@ func TestStall(t *testing.T) {
 	e.chunk(id, 8, "Overwrite config.yml? [y/N] ")
 	e.clk.advance(31 * time.Second)
 	notes := e.eventually("default", 1)
-	if len(notes) != 1 || notes[0].Kind != coordinator.KindStall || !strings.Contains(notes[0].Detail, "working\nOverwrite config.yml? [y/N]") {
-		t.Fatalf("stall:\n%s", summary(notes))
+	if len(notes) != 1 || notes[0].Kind != coordinator.KindStall || !strings.Contains(notes[0].Detail, "Last output:\nworking\nOverwrite config.yml? [y/N]\n\nThe command is likely blocked") ||
+		notes[0].Summary != `Background command "init" appears to be waiting for interactive input` || notes[0].Event != "working\nOverwrite config.yml? [y/N]" {
+		t.Fatalf("stall: %+v", notes)
 	}
 	e.clk.advance(time.Minute)
 	time.Sleep(30 * time.Millisecond)
 	e.chunk(id, 36, "\nAre you sure? ")
 	e.clk.advance(31 * time.Second)
-	e.eventually("default", 2)
+	time.Sleep(50 * time.Millisecond)
+
+	mon := e.start(coordinator.StartRequest{Monitor: true})
+	e.chunk(mon, 0, "Do you want to continue?\n")
+	e.clk.advance(time.Minute)
+	time.Sleep(50 * time.Millisecond)
+
 	e.exit(id, proto.ReasonExit, 0, 51)
-	want := "stall error\nstall error\nfinished success\n"
+	want := "stall error " + id + "\nmonitor success " + mon + "\nfinished success " + id + "\n"
 	var got string
 	for _, n := range e.notes("default", 0) {
-		got += string(n.Kind) + " " + n.Status + "\n"
+		got += string(n.Kind) + " " + n.Status + " " + n.JobID + "\n"
 	}
 	if got != want {
 		t.Fatalf("got\n%swant\n%s", got, want)
 	}
 }
 
+// TestStallPrompts: the last lines that look like a prompt, Claude Code's among them, and some that
+// do not.
+func TestStallPrompts(t *testing.T) {
+	prompts := map[string]bool{
+		"Do you want to install these packages?":   true,
+		"Would you like to use TypeScript? › No":   false,
+		"Would you like to use TypeScript?":        true,
+		"Shall I overwrite the lock file? ":        true,
+		"Ready to deploy to production?":           true,
+		"Are you sure you want to delete it? ":     true,
+		"Proceed (y/n)":                            true,
+		"Continue? [Y/n]":                          true,
+		"Press Enter to continue":                  true,
+		"Enter passphrase for key '/root/.ssh/x':": true,
+		"Do you know what this does":               false,
+		"compiled 12 files, ready to serve":        false,
+		"tests passed":                             false,
+	}
+	for line, want := range prompts {
+		t.Run(line, func(t *testing.T) {
+			e := newEnv(t, func(c *coordinator.Config) { c.RunnerDeadline = 24 * time.Hour })
+			id := e.start(coordinator.StartRequest{})
+			e.chunk(id, 0, "building\n"+line)
+			e.clk.advance(31 * time.Second)
+			if want {
+				e.eventually("default", 1)
+			} else {
+				time.Sleep(30 * time.Millisecond)
+			}
+			if got := len(e.notes("default", 0)) == 1; got != want {
+				t.Fatalf("stalled %v, want %v", got, want)
+			}
+		})
+	}
+}
+
 // TestMonitor: every line is delivered, batched per chunk; a monitor over its rate is stopped with
-// a notice; a monitor gets the default timeout unless persistent.
+// one terminal notice (its end adds no finished notification); a monitor gets the default timeout
+// unless persistent.
 func TestMonitor(t *testing.T) {
 	e := newEnv(t)
-	id := e.start(coordinator.StartRequest{Monitor: true})
+	id := e.start(coordinator.StartRequest{Monitor: true, Title: "errors in deploy.log"})
 	e.chunk(id, 0, "one\ntwo\nthr")
 	e.chunk(id, 11, "ee\n")
 	notes := e.notes("default", 0)
 	if got := summary(notes); got != "1 monitor success \"one\\ntwo\"\n2 monitor success \"three\"\n" {
 		t.Fatalf("got\n%s", got)
 	}
+	if n := notes[0]; n.Summary != `Monitor event: "errors in deploy.log"` || n.Event != "one\ntwo" {
+		t.Fatalf("monitor notification %+v", n)
+	}
 	e.chunk(id, 14, "4\n5\n6\n7\n")
+	stop := "[Monitor stopped — too much output (more than 5 lines in 10s). Restart with a more selective source.]"
 	notes = e.notes("default", 2)
-	if got := summary(notes); got != "3 monitor success \"4\\n5\"\n4 limit aborted \"Monitor stopped: more than 5 lines in 10s; restart with a tighter filter.\"\n" {
+	if got := summary(notes); got != "3 monitor success \"4\\n5\"\n4 limit aborted \""+stop+"\"\n" {
 		t.Fatalf("got\n%s", got)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -499,9 +557,14 @@ func TestMonitor(t *testing.T) {
 	if kills := e.disp.kills(); len(kills) != 1 || kills[0] != id {
 		t.Fatalf("kills %v", kills)
 	}
+	e.chunk(id, 22, "8\n")
+	e.exit(id, proto.ReasonKilled, 143, 24)
+	if got := summary(e.notes("default", 2)); got != "3 monitor success \"4\\n5\"\n4 limit aborted \""+stop+"\"\n" {
+		t.Fatalf("after the monitor's end, want no more notifications, got\n%s", got)
+	}
 	j, _ := e.svc.Job(t.Context(), id)
-	if j.Limits.TimeoutMS != (30 * time.Minute).Milliseconds() {
-		t.Fatalf("monitor timeout %d", j.Limits.TimeoutMS)
+	if j.Limits.TimeoutMS != (30*time.Minute).Milliseconds() || j.Status != coordinator.StatusAborted {
+		t.Fatalf("monitor: timeout %d, status %s", j.Limits.TimeoutMS, j.Status)
 	}
 	res, err := e.svc.Start(t.Context(), coordinator.StartRequest{Command: "tail -f x", Cwd: "/", Monitor: true, Persistent: true})
 	if err != nil || res.Job.Limits.TimeoutMS != 0 {

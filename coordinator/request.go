@@ -28,7 +28,13 @@ type StartRequest struct {
 	Env      map[string]string
 	Readonly bool
 	// User names the account the job runs as on its runner ("": the runner's default).
-	User       string
+	User string
+	// Linger keeps the job until its output closes, not only until its shell exits.
+	Linger bool
+	// Stdin gives the job an input pipe, written with Input; else it reads /dev/null.
+	Stdin bool
+	// Shell is "sh", "bash" or "" for the runner's default (bash where installed).
+	Shell      string
 	Pool       string
 	Session    string
 	Limits     Limits
@@ -38,6 +44,8 @@ type StartRequest struct {
 	// Monitor makes every output line a notification; Persistent lifts a monitor's timeout.
 	Monitor    bool
 	Persistent bool
+	// NotificationFormat is the format of the job's notifications ("": its session's).
+	NotificationFormat Format
 }
 
 // validate checks every field, naming the first one that is wrong, and fills defaults.
@@ -75,6 +83,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	if r.User != "" && !proto.ValidUser(r.User) {
 		return Errorf(EINVALID, "user %q must be a user name: 1-%d characters of letters, digits, '_', '-' and '.'.", r.User, proto.MaxUserBytes)
 	}
+	if r.Shell != "" && r.Shell != proto.ShellSh && r.Shell != proto.ShellBash {
+		return Errorf(EINVALID, "shell %q must be sh or bash (or absent: the runner's default, bash where installed).", r.Shell)
+	}
 	if r.Pool == "" {
 		r.Pool = "default"
 	}
@@ -96,15 +107,20 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	if c := r.Limits.CPUMillicores; c != 0 && c < MinCPUMillicores {
 		return Errorf(EINVALID, "limits.cpu_millicores %d is below the minimum of %d.", c, MinCPUMillicores)
 	}
-	if r.BlockUntil < 0 || r.BlockUntil > MaxBlockUntil {
-		return Errorf(EINVALID, "block_until_ms must be between 0 and %d.", MaxBlockUntil.Milliseconds())
+	if r.BlockUntil < 0 {
+		return Errorf(EINVALID, "block_until_ms must not be negative.")
 	}
+	// Clamped, as the agent tools do: a model asking for an hour gets the longest foreground wait.
+	r.BlockUntil = min(r.BlockUntil, MaxBlockUntil)
 	if r.NotifyOnOutput != nil {
 		n := *r.NotifyOnOutput // the caller's value stays as it was
 		if err := n.validate(minDebounce); err != nil {
 			return err
 		}
 		r.NotifyOnOutput = &n
+	}
+	if _, err := ParseFormat("notification_format", string(r.NotificationFormat)); err != nil {
+		return err
 	}
 	if r.Persistent && !r.Monitor {
 		return Errorf(EINVALID, "persistent applies only to a monitor: set monitor as well.")

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"fmt"
 	"sort"
 	"time"
 
@@ -44,6 +45,35 @@ func (s *Service) Runners() []Runner {
 	}
 	sort.Slice(out, func(i, k int) bool { return out[i].ID < out[k].ID })
 	return out
+}
+
+// queuedReasonLocked says what keeps a queued job from starting: no runner of its pool (able to run
+// it) is connected, or every slot of those that are is busy; "" when nothing does (a runner with a
+// free slot takes it shortly) and once a runner took it. s.mu is held.
+func (s *Service) queuedReasonLocked(j *Job) string {
+	if j.Status != StatusQueued || j.Runner != "" {
+		return ""
+	}
+	kind := "runner"
+	if j.Readonly {
+		kind = "readonly-capable runner"
+	}
+	runners, slots, running := 0, 0, 0
+	for _, r := range s.runners {
+		if r.Pool != j.Pool || j.Readonly && !r.Readonly {
+			continue
+		}
+		runners++
+		slots += r.Slots
+		running += r.Running
+	}
+	switch {
+	case runners == 0:
+		return fmt.Sprintf("No %s of pool %s is connected; the job starts when one joins.", kind, j.Pool)
+	case running >= slots:
+		return fmt.Sprintf("Every slot of pool %s is busy (%d of %d on %d runners); the job starts when one frees.", j.Pool, running, slots, runners)
+	}
+	return "" // a runner with a free slot takes it shortly
 }
 
 // readonlyAvailable fails unless a live runner of the pool passed its sandbox probe. A readonly job

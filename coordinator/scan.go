@@ -18,27 +18,46 @@ type scanner struct {
 	scanned int64
 }
 
-// advance scans output up to size and reports whether the pattern matched.
-func (sc *scanner) advance(out OutputStore, id string, size int64) (bool, error) {
+// match is where a pattern matched a job's output: the matched bytes (cut to MaxMatchBytes) and the
+// offset of their first byte in the output.
+type match struct {
+	text   []byte
+	offset int64
+}
+
+// MaxMatchBytes bounds the matched text a wait returns; the offset locates the rest.
+const MaxMatchBytes = 4096
+
+// advance scans output up to size and returns the first match in what it had not scanned, or nil.
+func (sc *scanner) advance(out OutputStore, id string, size int64) (*match, error) {
 	if size <= sc.scanned && sc.scanned > 0 {
-		return false, nil
+		return nil, nil
 	}
 	from := max(0, sc.scanned-scanOverlap)
 	rc, err := out.Open(id, from, size-from)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	defer rc.Close()
 	buf, err := io.ReadAll(rc)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if from > 0 {
 		// Start at a line boundary so that ^ anchors mean what they say.
 		if i := bytes.IndexByte(buf, '\n'); i >= 0 && int64(i) < sc.scanned-from {
 			buf = buf[i+1:]
+			from += int64(i + 1)
 		}
 	}
 	sc.scanned = size
-	return sc.re.Match(buf), nil
+	loc := sc.re.FindIndex(buf)
+	if loc == nil {
+		return nil, nil
+	}
+	text := buf[loc[0]:loc[1]]
+	if len(text) > MaxMatchBytes {
+		text = text[:MaxMatchBytes]
+	}
+	return &match{text: bytes.Clone(text), offset: from + int64(loc[0])}, nil
 }

@@ -128,9 +128,10 @@ type liveJob struct {
 	quiet        bool
 	watch        *watch // nil when nothing watches the output
 	// lastGrowth is when the body last grew; stallChecked is set once the current quiet spell was
-	// looked at for a prompt.
-	lastGrowth   time.Time
-	stallChecked bool
+	// looked at for a prompt, stallNotified once a stall was notified (once per job).
+	lastGrowth    time.Time
+	stallChecked  bool
+	stallNotified bool
 }
 
 // wrote records a chunk written at [off, end) and reports whether the gap-free body grew.
@@ -221,8 +222,9 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	now := s.cfg.Now()
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Cwd: req.Cwd,
-		Readonly: req.Readonly, User: req.User, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
+		NotificationFormat: req.NotificationFormat,
 	}
 	if job.Limits.OutputBytes == 0 {
 		job.Limits.OutputBytes = s.cfg.DefaultOutputBytes
@@ -233,7 +235,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job.OutputPath = s.out.Path(job.ID)
 	work := &proto.Work{
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
-		Readonly: job.Readonly, User: job.User, Pool: job.Pool, Limits: job.Limits,
+		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
 	}
 
 	s.mu.Lock()
@@ -291,6 +293,7 @@ func (s *Service) snapshot(id string, fallback *Job) *Job {
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
+		j.QueuedReason = s.queuedReasonLocked(&j)
 		return &j
 	}
 	j := *fallback
@@ -331,6 +334,7 @@ func (s *Service) watch(ctx context.Context, id string) (*Job, int64, <-chan str
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
+		j.QueuedReason = s.queuedReasonLocked(&j)
 		size, ch := l.size, l.changed
 		s.mu.Unlock()
 		return &j, size, ch, nil
@@ -351,14 +355,20 @@ type WaitResult struct {
 	Job            *Job
 	Done           bool
 	PatternMatched bool
+	// Matched is the text the pattern matched (at most MaxMatchBytes), at MatchedOffset in the output.
+	Matched       string
+	MatchedOffset int64
 }
 
 // Wait returns when the job ends, when pattern (if any) matches its output so far, or after timeout.
 // While it waits it observes the job: an end it reports is not notified.
+//
+// A timeout above MaxWaitTimeout is clamped to it, as the agent tools do.
 func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pattern *regexp.Regexp) (*WaitResult, error) {
-	if timeout < 0 || timeout > MaxWaitTimeout {
-		return nil, Errorf(EINVALID, "timeout_ms must be between 0 and %d.", MaxWaitTimeout.Milliseconds())
+	if timeout < 0 {
+		return nil, Errorf(EINVALID, "timeout_ms must not be negative.")
 	}
+	timeout = min(timeout, MaxWaitTimeout)
 	s.mu.Lock()
 	l := s.live[id]
 	if l != nil {
@@ -386,12 +396,12 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 			return nil, err
 		}
 		if scan != nil {
-			matched, err := scan.advance(s.out, id, size)
+			m, err := scan.advance(s.out, id, size)
 			if err != nil {
 				return nil, err
 			}
-			if matched {
-				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true}, nil
+			if m != nil {
+				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true, Matched: string(m.text), MatchedOffset: m.offset}, nil
 			}
 		}
 		if changed == nil {
@@ -421,7 +431,7 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 	if sawEnd {
 		l.endSeen = true
 	}
-	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet {
+	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet || l.endNotified() {
 		return
 	}
 	l.endSeen = true // once
@@ -667,7 +677,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 		}
 		if l.observers > 0 {
 			j.Observed = true
-		} else {
+		} else if !l.endNotified() {
 			notes = append(notes, finishedNote(j))
 		}
 		if err := s.addNotesLocked(ctx, l, notes); err != nil {

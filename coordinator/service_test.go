@@ -173,11 +173,53 @@ func TestWaitPatternAcrossChunks(t *testing.T) {
 		svc.HandleChunk(ctx, &proto.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")})
 	}()
 	w, err := svc.Wait(ctx, id, 5*time.Second, re)
-	if err != nil || !w.PatternMatched || w.Done {
+	if err != nil || !w.PatternMatched || w.Done || w.Matched != "ready on port 8080" || w.MatchedOffset != 8 {
 		t.Fatalf("wait: %+v, %v", w, err)
 	}
 	w, err = svc.Wait(ctx, id, 50*time.Millisecond, regexp.MustCompile("never"))
 	if err != nil || w.PatternMatched || w.Done {
 		t.Fatalf("wait for a pattern that never comes: %+v, %v", w, err)
+	}
+}
+
+// TestQueuedReason: a queued job says what keeps it from starting — no runner, every slot busy —
+// and says nothing once a free slot can take it or a runner has.
+func TestQueuedReason(t *testing.T) {
+	clk := &clock{now: time.Now()}
+	svc := newService(t, clk)
+	res, err := svc.Start(t.Context(), coordinator.StartRequest{Command: "echo hi", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	reason := func() string {
+		t.Helper()
+		j, err := svc.Job(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j.QueuedReason
+	}
+	if r := res.Job.QueuedReason; r != "No runner of pool default is connected; the job starts when one joins." {
+		t.Errorf("without runners: %q", r)
+	}
+	hb := heartbeat(clk.Now(), clk.Now())
+	hb.Slots, hb.Running = 2, 2
+	svc.HandleHeartbeat(hb)
+	if r := reason(); r != "Every slot of pool default is busy (2 of 2 on 1 runners); the job starts when one frees." {
+		t.Errorf("all slots busy: %q", r)
+	}
+	hb.Running = 1
+	svc.HandleHeartbeat(hb)
+	if r := reason(); r != "" {
+		t.Errorf("a free slot: %q, want none", r)
+	}
+	hb.Running = 2
+	svc.HandleHeartbeat(hb)
+	if err := svc.HandleEvent(t.Context(), event(proto.EventAccepted, id, clk.Now())); err != nil {
+		t.Fatal(err)
+	}
+	if r := reason(); r != "" {
+		t.Errorf("taken: %q, want none", r)
 	}
 }

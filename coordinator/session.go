@@ -31,6 +31,9 @@ type Session struct {
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
 	Acked     uint64     `json:"acked"`
+	// Format is the format of the session's notifications ("": <system_notification>); a job's
+	// start may choose another for its own.
+	Format Format `json:"format,omitempty"`
 	// LastSeq is the seq of the session's last notification; it is kept with the notifications.
 	LastSeq uint64 `json:"-"`
 }
@@ -68,9 +71,18 @@ func (s *Service) sessionLocked(ctx context.Context, id string) (*Session, error
 }
 
 // OpenSession creates a session, or reopens or updates one, with a lease (0: none). A session with a
-// lease ends when it is not renewed within the lease.
+// lease ends when it is not renewed within the lease. Its notification format stays as it was.
 func (s *Service) OpenSession(ctx context.Context, id string, lease time.Duration) (*Session, error) {
+	return s.OpenSessionWith(ctx, id, lease, "")
+}
+
+// OpenSessionWith is OpenSession that also sets the format of the session's notifications when
+// format is not "": the notifications stored from then on are written in it.
+func (s *Service) OpenSessionWith(ctx context.Context, id string, lease time.Duration, format Format) (*Session, error) {
 	if err := validSession(id); err != nil {
+		return nil, err
+	}
+	if _, err := ParseFormat("format", string(format)); err != nil {
 		return nil, err
 	}
 	if lease != 0 && (lease < MinLease || lease > MaxLease) {
@@ -84,6 +96,9 @@ func (s *Service) OpenSession(ctx context.Context, id string, lease time.Duratio
 	}
 	st = st.copy()
 	st.LeaseMS = lease.Milliseconds()
+	if format != "" {
+		st.Format = format
+	}
 	st.ExpiresAt = nil
 	if lease > 0 {
 		at := s.cfg.Now().Add(lease)
@@ -236,6 +251,9 @@ type NotificationQuery struct {
 	// Wait is how long to wait for one when there is none yet (0: answer at once).
 	Wait  time.Duration
 	Limit int
+	// Format, when not "", rewrites each notification's text in that format; otherwise the text is
+	// in the format it was stored in.
+	Format Format
 }
 
 // Notifications returns the session's notifications after the cursor, waiting up to q.Wait for the
@@ -252,6 +270,9 @@ func (s *Service) Notifications(ctx context.Context, q NotificationQuery) ([]*No
 	}
 	if q.Limit == 0 {
 		q.Limit = MaxNotificationPage
+	}
+	if _, err := ParseFormat("format", string(q.Format)); err != nil {
+		return nil, 0, err
 	}
 	var timeout <-chan time.Time
 	if q.Wait > 0 {
@@ -280,6 +301,11 @@ func (s *Service) Notifications(ctx context.Context, q NotificationQuery) ([]*No
 			}
 			if len(notes) > 0 {
 				after = notes[len(notes)-1].Seq
+			}
+			if q.Format != "" {
+				for _, n := range notes {
+					n.Format, n.Text = q.Format, RenderAs(n, q.Format)
+				}
 			}
 			return notes, after, nil
 		}

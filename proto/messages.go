@@ -94,7 +94,19 @@ type Work struct {
 	// User names the account the job runs as on the runner ("": the runner's default); the runner
 	// resolves it and refuses one it does not allow.
 	User string `json:"user,omitempty"`
+	// Shell is the shell that runs Command with -c: ShellSh, ShellBash, or "" for the runner's default.
+	Shell string `json:"shell,omitempty"`
+	// Linger keeps the job until its output closes rather than until its shell exits.
+	Linger bool `json:"linger,omitempty"`
+	// Stdin gives the job a pipe as its standard input, written through OpStdin; else /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
 }
+
+// Shells a job may ask for.
+const (
+	ShellSh   = "sh"
+	ShellBash = "bash"
+)
 
 // Validate checks a Work message field by field.
 func (w *Work) Validate() error {
@@ -118,6 +130,9 @@ func (w *Work) Validate() error {
 	}
 	if w.User != "" && !ValidUser(w.User) {
 		return invalid("user %q is not a user name", w.User)
+	}
+	if w.Shell != "" && w.Shell != ShellSh && w.Shell != ShellBash {
+		return invalid("shell %q is not sh or bash", w.Shell)
 	}
 	return w.Limits.Validate()
 }
@@ -329,7 +344,12 @@ const (
 	OpKill   = "kill"
 	OpSignal = "signal"
 	OpPing   = "ping"
+	// OpStdin writes Data to the job's standard input, then closes it when Close is set.
+	OpStdin = "stdin"
 )
+
+// MaxStdinBytes bounds the input one OpStdin request carries.
+const MaxStdinBytes = 64 << 10
 
 // Control is a request to the runner that owns a job, on ControlSubject.
 type Control struct {
@@ -338,6 +358,9 @@ type Control struct {
 	JobID string `json:"job_id,omitempty"`
 	// Signal names the signal for OpSignal ("INT", "HUP", ...).
 	Signal string `json:"signal,omitempty"`
+	// Data and Close are OpStdin's: bytes for the job's input, and whether to close it after them.
+	Data  []byte `json:"data,omitempty"`
+	Close bool   `json:"close,omitempty"`
 }
 
 // Signals a control request may name.
@@ -352,6 +375,10 @@ func (c *Control) Validate() error {
 	case OpPing:
 		return nil
 	case OpKill:
+	case OpStdin:
+		if len(c.Data) > MaxStdinBytes {
+			return invalid("stdin data of %d bytes, at most %d", len(c.Data), MaxStdinBytes)
+		}
 	case OpSignal:
 		if _, ok := Signals[c.Signal]; !ok {
 			return invalid("signal %q is not one of HUP INT QUIT KILL USR1 USR2 TERM CONT STOP", c.Signal)
@@ -385,6 +412,8 @@ const (
 	ReplyUnknownJob = "unknown_job"
 	// ReplyInvalid: the request did not decode.
 	ReplyInvalid = "invalid"
+	// ReplyRefused: the job cannot do what was asked (its input is closed, or it reads none).
+	ReplyRefused = "refused"
 )
 
 // ControlReply answers a Control request.
@@ -401,7 +430,7 @@ func DecodeControlReply(data []byte) (*ControlReply, error) {
 		return nil, err
 	}
 	switch r.Code {
-	case ReplyOK, ReplyUnknownJob, ReplyInvalid:
+	case ReplyOK, ReplyUnknownJob, ReplyInvalid, ReplyRefused:
 	default:
 		return nil, invalid("reply code %q is unknown", r.Code)
 	}

@@ -42,6 +42,7 @@ func TestDecodeWorkRejects(t *testing.T) {
 		{"absurd pids", func(w *Work) { w.Limits.Pids = MaxPids + 1 }, "limits.pids"},
 		{"env key with =", func(w *Work) { w.Env = map[string]string{"A=B": "c"} }, "env key"},
 		{"user with slash", func(w *Work) { w.User = "../root" }, "user"},
+		{"shell path", func(w *Work) { w.Shell = "/bin/zsh" }, "shell"},
 		{"user with colon", func(w *Work) { w.User = "a:b" }, "user"},
 		{"user starting with -", func(w *Work) { w.User = "-r" }, "user"},
 		{"long user", func(w *Work) { w.User = strings.Repeat("u", MaxUserBytes+1) }, "user"},
@@ -115,12 +116,17 @@ func TestChunkRoundTrip(t *testing.T) {
 }
 
 func TestControlValidate(t *testing.T) {
-	for _, c := range []Control{{V: 1, Op: OpKill, JobID: "j"}, {V: 1, Op: OpSignal, JobID: "j", Signal: "INT"}, {V: 1, Op: OpPing}} {
-		if _, err := DecodeControl(Encode(&c)); err != nil {
+	for _, c := range []Control{{V: 1, Op: OpKill, JobID: "j"}, {V: 1, Op: OpSignal, JobID: "j", Signal: "INT"}, {V: 1, Op: OpPing},
+		{V: 1, Op: OpStdin, JobID: "j", Data: []byte("y\n\x00\xff")}, {V: 1, Op: OpStdin, JobID: "j", Close: true}} {
+		got, err := DecodeControl(Encode(&c))
+		if err != nil {
 			t.Errorf("%+v: %v", c, err)
+		} else if string(got.Data) != string(c.Data) || got.Close != c.Close {
+			t.Errorf("%+v came back as %+v", c, got)
 		}
 	}
-	for _, c := range []Control{{V: 1, Op: OpKill}, {V: 1, Op: OpSignal, JobID: "j", Signal: "SEGV"}, {V: 1, Op: "reboot", JobID: "j"}} {
+	for _, c := range []Control{{V: 1, Op: OpKill}, {V: 1, Op: OpSignal, JobID: "j", Signal: "SEGV"}, {V: 1, Op: "reboot", JobID: "j"},
+		{V: 1, Op: OpStdin, JobID: "j", Data: make([]byte, MaxStdinBytes+1)}, {V: 1, Op: OpStdin, Data: []byte("x")}} {
 		if _, err := DecodeControl(Encode(&c)); err == nil {
 			t.Errorf("%+v accepted", c)
 		}

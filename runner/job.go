@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -29,6 +31,10 @@ type job struct {
 	proc   *sandbox.Process // nil until started
 	reason string           // why the runner stopped it; "" while it was not stopped
 	why    string
+
+	// inMu serialises writes to the job's input; inClosed is set once it is closed.
+	inMu     sync.Mutex
+	inClosed bool
 }
 
 // stop ends the job for a reason; the first reason given is the one reported.
@@ -169,16 +175,37 @@ func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
 	if w.Readonly {
 		env = r.readonlyEnv(extra)
 	}
+	shell, err := r.shell(w.Shell)
+	if err != nil {
+		return nil, err
+	}
 	return r.mgr.Start(sandbox.Spec{
 		Credential: cred,
+		Linger:     w.Linger,
+		Stdin:      w.Stdin,
 		ID:         w.JobID,
-		Path:       "/bin/sh",
-		Args:       []string{"sh", "-c", w.Command},
+		Path:       shell,
+		Args:       []string{filepath.Base(shell), "-c", w.Command},
 		Dir:        w.Cwd,
 		Env:        env,
 		Resources:  resources(w.Limits),
 		Readonly:   w.Readonly,
 	})
+}
+
+// shell resolves the shell a job asked for: the runner's default, /bin/sh, or bash from PATH.
+func (r *Runner) shell(name string) (string, error) {
+	switch name {
+	case "":
+		return r.cfg.Shell, nil
+	case proto.ShellSh:
+		return "/bin/sh", nil
+	}
+	path, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s is not installed on runner %s", name, r.cfg.ID)
+	}
+	return path, nil
 }
 
 // readonlyBase lists the variables a readonly job takes from the runner's environment, with the value

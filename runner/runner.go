@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -27,7 +29,9 @@ type Config struct {
 	ID string
 	// Pool is the pool whose work it takes ("default").
 	Pool string
-	// Slots is how many jobs it runs at once (the number of CPUs... default 4).
+	// Slots is how many jobs it runs at once (default 256). It is a guard against runaway load, not a
+	// measure of the machine: agents keep dev servers and watchers running for hours, and a small
+	// count would queue an `echo` behind them.
 	Slots int
 	// Cgroup configures the runner's cgroups. Its Root (default "sbx") gets the runner id appended, so
 	// that runners sharing a machine never sweep each other's jobs. Its Bwrap names the bubblewrap
@@ -37,6 +41,9 @@ type Config struct {
 	// may ask for. With a User set, no job runs as anyone else (see account).
 	User  string
 	Users []string
+	// Shell is the absolute path of the shell a job runs in when it names none (default: bash when it
+	// is installed, else /bin/sh): agents write bash.
+	Shell string
 	// Labels describe the runner in GET /v1/runners.
 	Labels map[string]string
 	// Version is reported in heartbeats.
@@ -76,7 +83,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("pool %q must be 1-64 characters of letters, digits, '_' and '-'", c.Pool)
 	}
 	if c.Slots == 0 {
-		c.Slots = 4
+		c.Slots = DefaultSlots
 	}
 	if c.Slots < 1 || c.Slots > 4096 {
 		return fmt.Errorf("slots %d must be between 1 and 4096", c.Slots)
@@ -91,6 +98,15 @@ func (c *Config) setDefaults() error {
 	}
 	if len(c.Users) > 0 && c.User == "" {
 		return errors.New("users: allowing other users needs a default user")
+	}
+	if c.Shell == "" {
+		c.Shell = "/bin/sh"
+		if bash, err := exec.LookPath("bash"); err == nil {
+			c.Shell = bash
+		}
+	}
+	if !filepath.IsAbs(c.Shell) {
+		return fmt.Errorf("shell %q must be an absolute path", c.Shell)
 	}
 	if c.Version == "" {
 		c.Version = "dev"
@@ -112,6 +128,9 @@ func (c *Config) setDefaults() error {
 	}
 	return nil
 }
+
+// DefaultSlots is a runner's default number of slots.
+const DefaultSlots = 256
 
 // Runner runs jobs from one pool.
 type Runner struct {

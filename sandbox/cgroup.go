@@ -27,6 +27,10 @@ type group interface {
 	prepare(cmd *exec.Cmd) (started func(error) error, err error)
 	// kill kills every process in the group and waits, bounded, until it is empty.
 	kill() error
+	// signal sends sig once to every process in the group.
+	signal(sig unix.Signal) error
+	// pids lists the processes in the group.
+	pids() ([]int, error)
 	// usage reads the accounting; counters a kernel or hierarchy lacks read as zero.
 	usage() (usage, error)
 	// remove removes the group's directories and any below them; a group already gone is not an
@@ -168,6 +172,40 @@ func killAll(pids func() ([]int, error), freeze func(bool) error) error {
 			return fmt.Errorf("cgroup still holds %d processes after %s", len(ps), killTimeout)
 		}
 		time.Sleep(wait)
+	}
+}
+
+// signalAll sends sig once to every process pids lists. freeze, when not nil, stops the group around
+// the listing, so that no listed pid exits and is reused by a process outside the group before it is
+// signalled; the signal is delivered when the group thaws.
+func signalAll(pids func() ([]int, error), freeze func(bool) error, sig unix.Signal) error {
+	if ps, err := pids(); err != nil || len(ps) == 0 {
+		return err
+	}
+	if freeze != nil {
+		if err := freeze(true); err != nil {
+			return fmt.Errorf("freeze: %w", err)
+		}
+	}
+	ps, err := pids()
+	for _, pid := range ps {
+		_ = unix.Kill(pid, sig) // ESRCH: it exited before the freeze
+	}
+	if freeze != nil {
+		if terr := freeze(false); terr != nil && err == nil {
+			err = fmt.Errorf("thaw: %w", terr)
+		}
+	}
+	return err
+}
+
+// waitEmptyUntil waits until pids lists nothing or the deadline passes.
+func waitEmptyUntil(pids func() ([]int, error), deadline time.Time) {
+	for wait := time.Millisecond; time.Now().Before(deadline); wait = min(2*wait, 20*time.Millisecond) {
+		if ps, err := pids(); err != nil || len(ps) == 0 {
+			return
+		}
+		time.Sleep(min(wait, time.Until(deadline)))
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/cgroups/v3/cgroup1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // v1Controllers are the hierarchies a job joins on cgroup v1: enough to limit it (memory, cpu, pids),
@@ -280,6 +281,15 @@ func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 		}
 		return nil
 	}, nil
+}
+
+// signal sends sig to each process, frozen around the listing where there is a freezer.
+func (g *v1Group) signal(sig unix.Signal) error {
+	var freeze func(bool) error
+	if g.freezer != "" {
+		freeze = g.freeze
+	}
+	return signalAll(g.pids, freeze, sig)
 }
 
 // kill freezes, kills each process and thaws (v1 has no cgroup.kill), until the group is empty.

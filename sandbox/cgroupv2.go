@@ -190,6 +190,14 @@ func (g *v2Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	}, nil
 }
 
+// signal sends sig to each process, frozen around the listing.
+func (g *v2Group) signal(sig unix.Signal) error {
+	if !exists(g.dir) {
+		return nil
+	}
+	return signalAll(g.pids, g.freeze, sig)
+}
+
 // kill uses the library's Kill, which writes cgroup.kill (Linux 5.14): the whole subtree dies
 // atomically, forks included. Older kernels get freeze, kill each, thaw here rather than from the
 // library's fallback, which also waits for each killed process and so would reap the job's main

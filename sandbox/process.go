@@ -38,6 +38,7 @@ type Process struct {
 	g     group
 	grace time.Duration
 	out   *output
+	in    *os.File // the write end of the job's stdin (Spec.Stdin); nil when it reads /dev/null
 
 	done   chan struct{} // closed when result and err are set and the cgroup is gone
 	result Result
@@ -50,7 +51,11 @@ type Process struct {
 	mu      sync.Mutex
 	exited  bool           // the main process is reaped: its pid may be reused, never signal it
 	killing bool           // Kill has started escalate
+	killAt  time.Time      // when a kill's grace ends and everything left gets SIGKILL
+	kicked  chan struct{}  // closed by the first Kill
 	escal   sync.WaitGroup // escalate, which Wait waits for
+	// linger keeps the job after its main process exits, until its output closes (Spec.Linger).
+	linger bool
 
 	// killMu serialises cgroup kills between escalate and the finishing goroutine.
 	killMu sync.Mutex
@@ -102,17 +107,40 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		// v1's prepare moves it into the init step, which drops to it after joining the cgroup.
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
 	}
+	// The parent's ends the child gets: closed once it has started, so that EOF means what it says.
+	childEnds := []*os.File{w}
+	var in *os.File
+	if spec.Stdin {
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			r.Close()
+			w.Close()
+			return fail(fmt.Errorf("input pipe: %w", err))
+		}
+		cmd.Stdin, in = inR, inW
+		childEnds = append(childEnds, inR)
+	}
 	started, err := prepare(cmd)
 	if err != nil {
 		r.Close()
-		w.Close()
+		for _, f := range append(childEnds, in) {
+			if f != nil {
+				f.Close()
+			}
+		}
 		return fail(err)
 	}
-	p := &Process{g: g, grace: grace, out: &output{f: r}, done: make(chan struct{}), release: release}
+	p := &Process{
+		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{})}, in: in, done: make(chan struct{}),
+		kicked: make(chan struct{}), release: release, linger: spec.Linger,
+	}
 	startErr := make(chan error, 1)
-	go p.run(cmd, w, started, startErr)
+	go p.run(cmd, childEnds, started, startErr)
 	if err := <-startErr; err != nil {
 		r.Close()
+		if in != nil {
+			in.Close()
+		}
 		return fail(err)
 	}
 	return p, nil
@@ -120,12 +148,15 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 
 // run is the goroutine that owns the main process: it starts it on a locked thread, reports the
 // start on startErr, then waits for it and finishes the job.
-func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, startErr chan<- error) {
+func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) error, startErr chan<- error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	err := started(cmd.Start())
-	// The parent's write end must go now, so that EOF arrives once every process in the cgroup is dead.
-	w.Close()
+	// The parent's copies of the child's ends go now: the output's write end so that EOF arrives once
+	// every process in the cgroup is dead, the input's read end so that a closed input is EOF.
+	for _, f := range childEnds {
+		f.Close()
+	}
 	if err != nil {
 		if cmd.Process != nil {
 			// The v1 init step failed to join or exec and is exiting; the kill only makes sure.
@@ -144,12 +175,17 @@ func (p *Process) run(cmd *exec.Cmd, w *os.File, started func(error) error, star
 	g, release := p.g, p.release
 	p.mu.Unlock()
 	p.result, p.err = p.finish(g, cmd.ProcessState, werr)
+	if p.in != nil {
+		p.in.Close() // nothing is left to read it
+	}
 	release()
 	close(p.done)
 }
 
 // finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
-// when its shell ends), then the usage is read and the cgroup removed.
+// when its shell ends), then the usage is read and the cgroup removed. A lingering job first waits
+// until its output closes or it is killed; a job being killed first lets what is left use the rest
+// of the kill's grace, so that a child's SIGTERM handler is not cut off when the shell dies first.
 func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, error) {
 	var res Result
 	var errs []error
@@ -165,6 +201,21 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 			res.Signal = int(ws.Signal())
 			res.ExitCode = 128 + res.Signal
 		}
+	}
+	p.mu.Lock()
+	linger := p.linger
+	p.mu.Unlock()
+	if linger {
+		select {
+		case <-p.out.closed:
+		case <-p.kicked:
+		}
+	}
+	p.mu.Lock()
+	killing, killAt := p.killing, p.killAt
+	p.mu.Unlock()
+	if killing {
+		waitEmptyUntil(g.pids, killAt)
 	}
 	p.killMu.Lock()
 	kerr := g.kill()
@@ -185,6 +236,11 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 
 // Pid is the main process's pid, which is also its process group id.
 func (p *Process) Pid() int { return p.pid }
+
+// Input is the write end of the job's standard input when Spec.Stdin asked for one, else nil. The
+// job sees EOF when it is closed; it is closed when the job is over. Writes block while the job does
+// not read (it has SetWriteDeadline, as *os.File does).
+func (p *Process) Input() *os.File { return p.in }
 
 // Output is one pipe carrying stdout and stderr interleaved in the order written. Nothing is
 // buffered inside sandbox: a job blocks on write while the caller does not read, so read it
@@ -210,28 +266,45 @@ func (p *Process) Signal(sig syscall.Signal) error {
 	return nil
 }
 
-// Kill sends SIGTERM to the process group and returns. After KillGrace, if the main process still
-// runs, the group gets SIGKILL and everything left in the cgroup is killed, so setsid'd and
-// daemonised descendants die too. Kill is safe to call more than once and concurrently with Wait;
-// after the main process has exited it does nothing, as Wait is already killing the rest.
+// Kill sends SIGTERM to the job and returns: to the main process's group and to every other process
+// in the cgroup (a child in its own session, a readonly command inside bwrap). When KillGrace has
+// passed, whatever is left in the cgroup is killed, so setsid'd and daemonised descendants die too;
+// the grace covers the whole job, also when the main process exits before it. Kill is safe to call
+// more than once and concurrently with Wait; after the job is over it does nothing.
 func (p *Process) Kill() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.exited {
-		return nil
-	}
 	if !p.killing {
 		p.killing = true
+		p.killAt = time.Now().Add(p.grace)
+		close(p.kicked)
 		p.escal.Add(1)
 		go p.escalate()
 	}
-	if err := unix.Kill(-p.pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("kill: %w", err)
+	g := p.g
+	p.mu.Unlock()
+	select {
+	case <-p.done:
+		return nil
+	default:
 	}
-	return nil
+	// Each process once, whatever its group; the group alone is what is left if listing fails.
+	serr := g.signal(unix.SIGTERM)
+	if serr == nil || removed(serr) {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.exited {
+		if err := unix.Kill(-p.pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("kill: %w", errors.Join(serr, err))
+		}
+	}
+	return fmt.Errorf("kill: %w", serr)
 }
 
-// escalate is Kill's second stage, run once per Process and waited for by Wait.
+// escalate is Kill's second stage, run once per Process and waited for by Wait: at the end of the
+// grace, a main process still running gets SIGKILL with its group and everything in the cgroup. Once
+// the main process has exited, finish does that at the same moment instead.
 func (p *Process) escalate() {
 	defer p.escal.Done()
 	t := time.NewTimer(p.grace)
@@ -269,8 +342,9 @@ func (p *Process) Wait() (Result, error) {
 // output is the read end of the job's pipe; it closes itself at EOF, which the caller is told to
 // read to, so that the descriptor does not outlive the job.
 type output struct {
-	f   *os.File
-	eof bool
+	f      *os.File
+	eof    bool
+	closed chan struct{} // closed at EOF: every process has closed the pipe
 }
 
 // SetReadDeadline sets the deadline for pending and future Reads; the zero time clears it. After EOF
@@ -285,6 +359,7 @@ func (o *output) Read(b []byte) (int, error) {
 	if err == io.EOF {
 		o.eof = true
 		o.f.Close()
+		close(o.closed)
 	}
 	return n, err
 }

@@ -37,6 +37,13 @@ type Spec struct {
 	// network, no AF_UNIX socket, no io_uring, no foreign syscall ABI, no capabilities (bwrapArgs,
 	// readonlyFilter). Start fails rather than run it any other way.
 	Readonly bool
+	// Stdin gives the job a pipe as its standard input (Process.Input); without it, /dev/null. A job
+	// with input always starts cold (warm init steps have /dev/null already).
+	Stdin bool
+	// Linger keeps the job going after its main process exits, until its output closes: until every
+	// process holding the pipe (a background child printing) has exited or closed it. Without it,
+	// whatever is left in the cgroup is killed when the main process exits.
+	Linger bool
 	// Credential, when set, is the user and groups the program runs as; nil runs it as the runner.
 	// The process joins its cgroup before it drops to the credential (on v1 in the init step, which
 	// needs the runner's privileges to write cgroup.procs).

@@ -26,6 +26,7 @@ type clientCmd struct {
 	c      *client.Client
 	json   bool
 	stdout io.Writer
+	stderr io.Writer
 	addr   string
 }
 
@@ -34,7 +35,7 @@ func cmdClient(ctx context.Context, name string, args []string, getenv func(stri
 	if addr == "" {
 		addr = "http://127.0.0.1:7070"
 	}
-	cc := &clientCmd{c: client.New(addr, getenv("SBX_TOKEN")), stdout: stdout, addr: addr}
+	cc := &clientCmd{c: client.New(addr, getenv("SBX_TOKEN")), stdout: stdout, stderr: stderr, addr: addr}
 	fs := newFlags(name, stderr)
 	fs.BoolVar(&cc.json, "json", false, "print the API's JSON")
 	var err error
@@ -55,6 +56,8 @@ func cmdClient(ctx context.Context, name string, args []string, getenv func(stri
 		err = cc.runners(ctx, fs, args)
 	case "events":
 		err = cc.events(ctx, fs, args)
+	case "send":
+		err = cc.send(ctx, fs, args)
 	case "end-session":
 		err = cc.endSession(ctx, fs, args)
 	}
@@ -175,6 +178,9 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.Float64Var(&cpus, "cpus", 0, "CPU limit in CPUs, e.g. 1.5")
 	fs.StringVar(&req.Session, "session", "", "session of the job")
 	fs.StringVar(&req.Pool, "pool", "", "pool of runners")
+	fs.BoolVar(&req.Stdin, "stdin", false, "give the job an input pipe (sbx send writes to it) instead of /dev/null")
+	fs.BoolVar(&req.Linger, "linger", false, "keep the job until its output closes (background children printing), not only until its shell exits")
+	fs.StringVar(&req.Shell, "shell", "", "sh or bash (default: the runner's, bash where installed)")
 	fs.StringVar(&req.User, "user", "", "user the job runs as (default: the runner's; the runner must allow it)")
 	fs.Var(envList(req.Env), "env", "K=V added to the job's environment (repeatable)")
 	notifyOn := fs.String("notify-on", "", "notify when an output line matches this RE2 pattern")
@@ -223,6 +229,9 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	}
 	if wait == 0 {
 		fmt.Fprintln(cc.stdout, reply.Job.ID)
+		if r := reply.Job.QueuedReason; r != nil {
+			fmt.Fprintln(cc.stderr, "sbx: queued: "+*r)
+		}
 		return nil
 	}
 	if reply.Backgrounded {
@@ -316,14 +325,22 @@ func (cc *clientCmd) status(ctx context.Context, fs *flag.FlagSet, args []string
 
 func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) error {
 	pattern := fs.String("pattern", "", "return when this RE2 pattern matches the output so far")
-	timeout := fs.Duration("timeout", 0, "give up after this long (default: wait for the end)")
-	id, err := oneID(fs, args)
+	timeout := fs.Duration("timeout", 0, "give up after this long (default: wait for the end); without a job id, sleep this long")
+	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
 	if *timeout < 0 {
 		return usageError("wait: --timeout must not be negative")
 	}
+	if len(pos) == 0 && *timeout > 0 && *pattern == "" {
+		_, err := cc.c.Sleep(ctx, *timeout)
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("wait: want one job id (or none, with --timeout, to sleep), got %d arguments", len(pos))
+	}
+	id := pos[0]
 	var deadline time.Time
 	if *timeout > 0 {
 		deadline = time.Now().Add(*timeout)
@@ -353,6 +370,9 @@ func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) 
 		}
 		switch {
 		case w.PatternMatched:
+			if !cc.json && w.Matched != nil {
+				fmt.Fprintln(cc.stdout, *w.Matched)
+			}
 			return nil
 		case w.Done:
 			return exitWith(&w.Job)
@@ -377,6 +397,28 @@ func (cc *clientCmd) logs(ctx context.Context, fs *flag.FlagSet, args []string) 
 	}
 	_, err = cc.stdout.Write(out)
 	return err
+}
+
+// send writes its words, joined by spaces, and a newline to a job's input: what a person types at a
+// prompt. --no-newline leaves the newline out, --close closes the input afterwards (EOF).
+func (cc *clientCmd) send(ctx context.Context, fs *flag.FlagSet, args []string) error {
+	noNewline := fs.Bool("no-newline", false, "do not end the text with a newline")
+	closeIt := fs.Bool("close", false, "close the job's input after the text (EOF)")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usageError("send: want a job id and the text, e.g. sbx send ID y")
+	}
+	id, text := pos[0], strings.Join(pos[1:], " ")
+	if len(pos) > 1 && !*noNewline {
+		text += "\n"
+	}
+	if text == "" && !*closeIt {
+		return usageError("send: give the text to send, or --close")
+	}
+	return cc.c.Input(ctx, id, text, *closeIt)
 }
 
 func (cc *clientCmd) kill(ctx context.Context, fs *flag.FlagSet, args []string) error {
@@ -433,6 +475,7 @@ const maxEventWait = 5 * time.Minute
 func (cc *clientCmd) events(ctx context.Context, fs *flag.FlagSet, args []string) error {
 	follow := fs.Bool("f", false, "follow: wait for notifications and print them as they come")
 	session := fs.String("session", "", "session (default: default)")
+	format := fs.String("format", "", "write each text as system_notification or task_notification (default: as stored)")
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -448,7 +491,7 @@ func (cc *clientCmd) events(ctx context.Context, fs *flag.FlagSet, args []string
 		if *follow {
 			wait = maxEventWait
 		}
-		raw, err := cc.c.Do(ctx, "GET", client.NotificationsPath(id, after, wait), nil)
+		raw, err := cc.c.Do(ctx, "GET", client.NotificationsQuery{Session: id, After: after, Wait: wait, Format: *format}.Path(), nil)
 		if err != nil {
 			if *follow && ctx.Err() != nil {
 				return nil // interrupted

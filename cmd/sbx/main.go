@@ -68,6 +68,7 @@ Client (SBX_ADDR, default http://127.0.0.1:7070; SBX_TOKEN):
   wait ID                     wait for a job to end (or --pattern to match)
   logs [-f] ID                print a job's output
   kill ID                     stop a job
+  send ID TEXT...             write TEXT and a newline to a job's input (started with --stdin)
   runners                     list runners
   events [-f] [--session S]   print (and ack) notifications; -f follows
   end-session S               end a session: stop its jobs, without notifications
@@ -89,7 +90,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdCoordinator(ctx, rest, getenv, stdout, stderr)
 	case "runner":
 		return cmdRunner(ctx, rest, getenv, stderr)
-	case "run", "ps", "status", "wait", "logs", "kill", "runners", "events", "end-session":
+	case "run", "ps", "status", "wait", "logs", "kill", "send", "runners", "events", "end-session":
 		return cmdClient(ctx, cmd, rest, getenv, stdout, stderr)
 	case "mcp":
 		return cmdMCP(ctx, rest, getenv, stderr)

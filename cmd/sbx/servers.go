@@ -73,16 +73,17 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 
 // runnerFlags are the flags serve and runner share.
 type runnerFlags struct {
-	id, pool, cgroupRoot, user string
-	users                      stringList
-	slots                      int
+	id, pool, cgroupRoot, user, shell string
+	users                             stringList
+	slots                             int
 }
 
 func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.id, "id", "", "runner id (default: the host name)")
 	fs.StringVar(&r.pool, "pool", "default", "pool whose work this runner takes")
-	fs.IntVar(&r.slots, "slots", 4, "jobs run at once")
+	fs.IntVar(&r.slots, "slots", runner.DefaultSlots, "jobs run at once at most (a guard, not a CPU count: dev servers and watchers hold slots for hours)")
 	fs.StringVar(&r.cgroupRoot, "cgroup-root", "sbx", "cgroup under which the runner makes its jobs' cgroups")
+	fs.StringVar(&r.shell, "shell", "", "absolute path of the shell jobs run in by default (default: bash when installed, else /bin/sh)")
 	fs.StringVar(&r.user, "user", "", "user jobs run as (default: the runner's own; serve started with sudo: $SUDO_USER)")
 	fs.Var(&r.users, "allow-user", "another user a job may ask for with \"user\" (repeatable; needs --user)")
 }
@@ -302,7 +303,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 // serveRunner runs a runner until ctx ends.
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
-		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users,
+		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, Shell: rf.shell,
 		Cgroup: sandbox.Config{Root: rf.cgroupRoot},
 	})
 	if err != nil {

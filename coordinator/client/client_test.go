@@ -329,3 +329,40 @@ func (w *firstWrite) Write(p []byte) (int, error) {
 	w.once.Do(func() { close(w.seen) })
 	return len(p), nil
 }
+
+// TestNotificationFormat: the session's format, a start's format and a read's format reach the
+// server and come back in the notification objects.
+func TestNotificationFormat(t *testing.T) {
+	h := newHarness(t, "")
+	c := client.New(h.addr, "")
+	ctx := t.Context()
+	h.setRun(func(w *proto.Work) {
+		h.begin(w.JobID)
+		h.exit(w.JobID, 0, 0)
+	})
+	st, err := c.OpenSessionWith(ctx, "claude", 0, client.FormatTask)
+	if err != nil || st.Format != client.FormatTask {
+		t.Fatalf("open: %+v, %v", st, err)
+	}
+	if st, err := c.OpenSession(ctx, "claude", time.Minute); err != nil || st.Format != client.FormatTask || st.LeaseMS != 60000 {
+		t.Fatalf("reopen keeps the format: %+v, %v", st, err)
+	}
+	for _, f := range []string{"", client.FormatSystem} {
+		if _, err := c.Start(ctx, client.StartRequest{Command: "true", Cwd: h.cwd, Session: "claude", NotificationFormat: f}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := uint64(0)
+	page, err := c.QueryNotifications(ctx, client.NotificationsQuery{Session: "claude", After: &after, Wait: 5 * time.Second})
+	for err == nil && len(page.Notifications) < 2 {
+		page, err = c.QueryNotifications(ctx, client.NotificationsQuery{Session: "claude", After: &after, Wait: 5 * time.Second})
+	}
+	if err != nil || page.Notifications[0].Format != client.FormatTask || page.Notifications[1].Format != client.FormatSystem ||
+		!strings.HasPrefix(page.Notifications[0].Text, "<task-notification>") {
+		t.Fatalf("stored formats: %+v, %v", page, err)
+	}
+	page, err = c.QueryNotifications(ctx, client.NotificationsQuery{Session: "claude", After: &after, Limit: 1, Format: client.FormatTask})
+	if err != nil || len(page.Notifications) != 1 || page.Next != 1 || page.Notifications[0].Format != client.FormatTask {
+		t.Fatalf("read as task_notification: %+v, %v", page, err)
+	}
+}

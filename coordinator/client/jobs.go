@@ -85,6 +85,30 @@ func (c *Client) Wait(ctx context.Context, id string, timeout time.Duration, pat
 	return &r, nil
 }
 
+// Input writes data to the standard input of a job started with Stdin, then closes it (EOF) when
+// closeIt is set (POST /v1/jobs/{id}/stdin).
+func (c *Client) Input(ctx context.Context, id, data string, closeIt bool) error {
+	body := struct {
+		Data  string `json:"data"`
+		Close bool   `json:"close"`
+	}{data, closeIt}
+	_, err := c.Do(ctx, "POST", jobPath(id, "/stdin"), body)
+	return err
+}
+
+// Sleep waits timeout on the server (GET /v1/wait): AwaitShell without a job. It returns how long
+// the server slept.
+func (c *Client) Sleep(ctx context.Context, timeout time.Duration) (time.Duration, error) {
+	var r struct {
+		SleptMS int64 `json:"slept_ms"`
+	}
+	path := "/v1/wait?timeout_ms=" + strconv.FormatInt(timeout.Milliseconds(), 10)
+	if err := c.call(ctx, "GET", path, nil, &r); err != nil {
+		return 0, err
+	}
+	return time.Duration(r.SleptMS) * time.Millisecond, nil
+}
+
 // Output returns at most limit bytes of the job's output from offset (limit < 0: all there is
 // now) and the output's total size now (GET /v1/jobs/{id}/output).
 func (c *Client) Output(ctx context.Context, id string, offset, limit int64) ([]byte, int64, error) {

@@ -17,28 +17,33 @@ const (
 // Job is the API's job object. Nullable fields are pointers and encode as null, so that encoding
 // a Job gives back the API's object.
 type Job struct {
-	ID          string     `json:"id"`
-	Session     string     `json:"session"`
-	Title       string     `json:"title"`
-	Command     string     `json:"command"`
-	Cwd         string     `json:"cwd"`
-	Readonly    bool       `json:"readonly"`
-	User        string     `json:"user"`
-	Pool        string     `json:"pool"`
-	Status      string     `json:"status"`
-	Reason      string     `json:"reason"`
-	ExitCode    *int       `json:"exit_code"`
-	Pid         *int       `json:"pid"`
-	Runner      string     `json:"runner"`
-	CreatedAt   time.Time  `json:"created_at"`
-	StartedAt   *time.Time `json:"started_at"`
-	EndedAt     *time.Time `json:"ended_at"`
-	ElapsedMS   int64      `json:"elapsed_ms"`
-	OutputBytes int64      `json:"output_bytes"`
-	OutputPath  string     `json:"output_path"`
-	Limits      Limits     `json:"limits"`
-	Usage       *Usage     `json:"usage"`
-	Error       string     `json:"error,omitempty"`
+	ID       string `json:"id"`
+	Session  string `json:"session"`
+	Title    string `json:"title"`
+	Command  string `json:"command"`
+	Cwd      string `json:"cwd"`
+	Readonly bool   `json:"readonly"`
+	User     string `json:"user"`
+	Shell    string `json:"shell"`
+	Linger   bool   `json:"linger"`
+	Stdin    bool   `json:"stdin"`
+	Pool     string `json:"pool"`
+	Status   string `json:"status"`
+	// QueuedReason says why a queued job has not started yet.
+	QueuedReason *string    `json:"queued_reason"`
+	Reason       string     `json:"reason"`
+	ExitCode     *int       `json:"exit_code"`
+	Pid          *int       `json:"pid"`
+	Runner       string     `json:"runner"`
+	CreatedAt    time.Time  `json:"created_at"`
+	StartedAt    *time.Time `json:"started_at"`
+	EndedAt      *time.Time `json:"ended_at"`
+	ElapsedMS    int64      `json:"elapsed_ms"`
+	OutputBytes  int64      `json:"output_bytes"`
+	OutputPath   string     `json:"output_path"`
+	Limits       Limits     `json:"limits"`
+	Usage        *Usage     `json:"usage"`
+	Error        string     `json:"error,omitempty"`
 	// NotifyOnOutput, Monitor and Persistent are what the start asked for.
 	NotifyOnOutput *NotifyOnOutput `json:"notify_on_output"`
 	Monitor        bool            `json:"monitor"`
@@ -73,6 +78,9 @@ type StartRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Readonly bool              `json:"readonly,omitempty"`
 	User     string            `json:"user,omitempty"`
+	Shell    string            `json:"shell,omitempty"`
+	Linger   bool              `json:"linger,omitempty"`
+	Stdin    bool              `json:"stdin,omitempty"`
 	Pool     string            `json:"pool,omitempty"`
 	Session  string            `json:"session,omitempty"`
 	Limits   *Limits           `json:"limits,omitempty"`
@@ -81,6 +89,9 @@ type StartRequest struct {
 	// Monitor makes every output line a notification; Persistent lifts a monitor's timeout.
 	Monitor    bool `json:"monitor,omitempty"`
 	Persistent bool `json:"persistent,omitempty"`
+	// NotificationFormat is the format of the job's notifications (FormatSystem or FormatTask;
+	// "": its session's).
+	NotificationFormat string `json:"notification_format,omitempty"`
 	// BlockUntil makes the call wait up to this long for the job to end (sent as block_until_ms).
 	BlockUntil time.Duration `json:"-"`
 }
@@ -116,6 +127,10 @@ type WaitReply struct {
 	Job            Job  `json:"job"`
 	Done           bool `json:"done"`
 	PatternMatched bool `json:"pattern_matched"`
+	// Matched is the text the pattern matched (at most 4096 bytes), MatchedOffset where it starts in
+	// the output; both null without a match.
+	Matched       *string `json:"matched"`
+	MatchedOffset *int64  `json:"matched_offset"`
 }
 
 // JobsQuery selects jobs in a listing; zero fields select everything (Limit 0: the server's

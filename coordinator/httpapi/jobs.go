@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"io"
+	"math"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -22,6 +23,9 @@ type startBody struct {
 	Env          map[string]string `json:"env"`
 	Readonly     bool              `json:"readonly"`
 	User         string            `json:"user"`
+	Shell        string            `json:"shell"`
+	Linger       bool              `json:"linger"`
+	Stdin        bool              `json:"stdin"`
 	Pool         string            `json:"pool"`
 	Session      string            `json:"session"`
 	Limits       limitsView        `json:"limits"`
@@ -29,6 +33,8 @@ type startBody struct {
 	NotifyOnOut  *notifyView       `json:"notify_on_output"`
 	Monitor      bool              `json:"monitor"`
 	Persistent   bool              `json:"persistent"`
+	// NotificationFormat is the format of the job's notifications (docs/notifications.md).
+	NotificationFormat string `json:"notification_format"`
 }
 
 // startReply is the reply to POST /v1/jobs. Output is the output's bytes (its last
@@ -47,10 +53,11 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Checked here as well as in the domain: a huge value would overflow time.Duration.
-	if maxMS := coordinator.MaxBlockUntil.Milliseconds(); b.BlockUntilMS < 0 || b.BlockUntilMS > maxMS {
-		s.writeError(w, r, invalid("block_until_ms must be between 0 and %d.", maxMS))
+	if b.BlockUntilMS < 0 {
+		s.writeError(w, r, invalid("block_until_ms must not be negative."))
 		return
 	}
+	b.BlockUntilMS = min(b.BlockUntilMS, coordinator.MaxBlockUntil.Milliseconds())
 	if b.Session == "" {
 		b.Session = r.Header.Get("Sbx-Session")
 	}
@@ -68,12 +75,13 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
-		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User,
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, Stdin: b.Stdin,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
 			Pids: b.Limits.Pids, OutputBytes: b.Limits.OutputBytes, TimeoutMS: b.Limits.TimeoutMS,
 		},
+		NotificationFormat: coordinator.Format(b.NotificationFormat),
 	})
 	if err != nil {
 		s.writeError(w, r, err)
@@ -123,12 +131,15 @@ type waitReply struct {
 	Job            *jobView `json:"job"`
 	Done           bool     `json:"done"`
 	PatternMatched bool     `json:"pattern_matched"`
+	// Matched is the text the pattern matched (null without a match), MatchedOffset where it starts.
+	Matched       *string `json:"matched"`
+	MatchedOffset *int64  `json:"matched_offset"`
 }
 
 // handleWait is AwaitShell: it returns when the job ends, when pattern matches its output, or at
 // the timeout. The pattern is RE2 in multiline mode: ^ and $ match at line boundaries.
 func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
-	timeout, err := queryInt(r, "timeout_ms", coordinator.DefaultWait.Milliseconds(), 0, coordinator.MaxWaitTimeout.Milliseconds())
+	timeout, err := waitTimeout(r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -145,9 +156,41 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, waitReply{
-		Job: viewJob(res.Job, time.Now()), Done: res.Done, PatternMatched: res.PatternMatched,
-	})
+	reply := waitReply{Job: viewJob(res.Job, time.Now()), Done: res.Done, PatternMatched: res.PatternMatched}
+	if res.PatternMatched {
+		reply.Matched, reply.MatchedOffset = &res.Matched, &res.MatchedOffset
+	}
+	writeJSON(w, http.StatusOK, reply)
+}
+
+// waitTimeout reads a wait's timeout_ms: default coordinator.DefaultWait, clamped to
+// coordinator.MaxWaitTimeout as the agent tools do.
+func waitTimeout(r *http.Request) (int64, error) {
+	timeout, err := queryInt(r, "timeout_ms", coordinator.DefaultWait.Milliseconds(), 0, math.MaxInt64)
+	return min(timeout, coordinator.MaxWaitTimeout.Milliseconds()), err
+}
+
+type sleepReply struct {
+	SleptMS int64 `json:"slept_ms"`
+}
+
+// handleSleep is AwaitShell without a shell: it returns after timeout_ms (default 30000, clamped as
+// a wait's), or earlier when the client goes away.
+func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request) {
+	timeout, err := waitTimeout(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	start := time.Now()
+	t := time.NewTimer(time.Duration(timeout) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		return
+	}
+	writeJSON(w, http.StatusOK, sleepReply{SleptMS: time.Since(start).Milliseconds()})
 }
 
 func compilePattern(p string) (*regexp.Regexp, error) {
@@ -249,4 +292,34 @@ func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, killReply{Job: viewJob(job, time.Now())})
+}
+
+// stdinBody is the body of POST /v1/jobs/{id}/stdin: text for the job's input, and whether to close
+// the input after it (EOF).
+type stdinBody struct {
+	Data  string `json:"data"`
+	Close bool   `json:"close"`
+}
+
+type stdinReply struct {
+	Written int  `json:"written"`
+	Closed  bool `json:"closed"`
+}
+
+// handleStdin writes to the standard input of a job started with stdin: true.
+func (s *Server) handleStdin(w http.ResponseWriter, r *http.Request) {
+	var b stdinBody
+	if err := decodeBody(w, r, &b, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if b.Data == "" && !b.Close {
+		s.writeError(w, r, invalid("data is empty and close is false: send text, or close: true for EOF."))
+		return
+	}
+	if err := s.svc.Input(r.Context(), r.PathValue("id"), []byte(b.Data), b.Close); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, stdinReply{Written: len(b.Data), Closed: b.Close})
 }

@@ -87,6 +87,15 @@ func TestStartBlock(t *testing.T) {
 			t.Errorf("output_bytes %d usage %s", s.Job.OutputBytes, s.Job.Usage)
 		}
 	})
+	t.Run("above the maximum", func(t *testing.T) {
+		// Clamped as the agent tools do (to 10 minutes), not refused; the job ends at once here.
+		h := newHarness(t, httpapi.Config{})
+		h.finishWith("ok\n", 0)
+		s := h.start(map[string]any{"command": "true", "block_until_ms": int64(9223372036854775807)})
+		if s.Backgrounded || s.Output != "ok\n" {
+			t.Errorf("reply %+v", s)
+		}
+	})
 	t.Run("backgrounded", func(t *testing.T) {
 		h := newHarness(t, httpapi.Config{})
 		h.disp.setRun(func(w *proto.Work) {
@@ -136,8 +145,6 @@ func TestStartInvalid(t *testing.T) {
 		{"command not a string", `{"command":["ls"],"cwd":"/"}`, 400, "invalid", "command must be a string"},
 		{"env not an object", `{"command":"ls","cwd":"/","env":"A=1"}`, 400, "invalid", "env must be an object"},
 		{"negative block", `{"command":"ls","cwd":"/","block_until_ms":-1}`, 400, "invalid", "block_until_ms"},
-		{"block above max", `{"command":"ls","cwd":"/","block_until_ms":600001}`, 400, "invalid", "block_until_ms"},
-		{"block overflows", `{"command":"ls","cwd":"/","block_until_ms":9223372036854775807}`, 400, "invalid", "block_until_ms"},
 		{"negative memory", `{"command":"ls","cwd":"/","limits":{"memory_bytes":-1}}`, 400, "invalid", "limits.memory_bytes"},
 		{"absurd pids", `{"command":"ls","cwd":"/","limits":{"pids":1099511627776}}`, 400, "invalid", "limits.pids"},
 		{"tiny memory", `{"command":"ls","cwd":"/","limits":{"memory_bytes":1}}`, 400, "invalid", "limits.memory_bytes"},
@@ -148,6 +155,7 @@ func TestStartInvalid(t *testing.T) {
 		{"bad session", `{"command":"ls","cwd":"/","session":"a b"}`, 400, "invalid", "session"},
 		{"bad pool", `{"command":"ls","cwd":"/","pool":"../x"}`, 400, "invalid", "pool"},
 		{"bad user", `{"command":"ls","cwd":"/","user":"root:0"}`, 400, "invalid", "user"},
+		{"bad shell", `{"command":"ls","cwd":"/","shell":"/bin/zsh"}`, 400, "invalid", "shell"},
 		{"too large body", `{"command":"ls","cwd":"/","title":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "too_large", "body"},
 		{"readonly without runner", `{"command":"ls","cwd":"/","readonly":true}`, 503, "readonly_unavailable", "readonly"},
 	}
@@ -260,9 +268,11 @@ func TestWait(t *testing.T) {
 	h.output(id, 0, "booting\nlistening on :80\n")
 
 	type waitReply struct {
-		Job            job  `json:"job"`
-		Done           bool `json:"done"`
-		PatternMatched bool `json:"pattern_matched"`
+		Job            job     `json:"job"`
+		Done           bool    `json:"done"`
+		PatternMatched bool    `json:"pattern_matched"`
+		Matched        *string `json:"matched"`
+		MatchedOffset  *int64  `json:"matched_offset"`
 	}
 	wait := func(query string) waitReply {
 		t.Helper()
@@ -274,11 +284,16 @@ func TestWait(t *testing.T) {
 		r.decode(t, &w)
 		return w
 	}
-	if w := wait("?timeout_ms=10000&pattern=" + url.QueryEscape("^listening on")); !w.PatternMatched || w.Done {
+	if w := wait("?timeout_ms=10000&pattern=" + url.QueryEscape("^listening on :\\d+")); !w.PatternMatched || w.Done ||
+		w.Matched == nil || *w.Matched != "listening on :80" || w.MatchedOffset == nil || *w.MatchedOffset != 8 {
 		t.Errorf("multiline pattern: %+v", w)
 	}
-	if w := wait("?timeout_ms=20&pattern=" + url.QueryEscape("^on")); w.PatternMatched || w.Done || w.Job.Status != "running" {
+	if w := wait("?timeout_ms=20&pattern=" + url.QueryEscape("^on")); w.PatternMatched || w.Done || w.Job.Status != "running" || w.Matched != nil {
 		t.Errorf("no match: %+v", w)
+	}
+	// Above the maximum, a timeout is clamped as the agent tools do, not refused.
+	if w := wait("?timeout_ms=99999999999&pattern=" + url.QueryEscape("listening")); !w.PatternMatched {
+		t.Errorf("clamped timeout: %+v", w)
 	}
 	go func() {
 		time.Sleep(50 * time.Millisecond)
@@ -290,7 +305,6 @@ func TestWait(t *testing.T) {
 
 	for _, tt := range []struct{ query, want string }{
 		{"?timeout_ms=-1", "timeout_ms"},
-		{"?timeout_ms=7140001", "timeout_ms"},
 		{"?timeout_ms=soon", "timeout_ms"},
 		{"?pattern=" + url.QueryEscape("(unclosed"), "pattern"},
 		{"?pattern=" + strings.Repeat("a", 5000), "pattern"},
@@ -357,4 +371,19 @@ func TestFollow(t *testing.T) {
 	if err != nil || string(rest) != "line 3\n" {
 		t.Fatalf("rest %q, %v", rest, err)
 	}
+}
+
+// TestSleep: GET /v1/wait without a job sleeps timeout_ms (AwaitShell without a shell).
+func TestSleep(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	t0 := time.Now()
+	r := h.get("/v1/wait?timeout_ms=80")
+	var reply struct {
+		SleptMS *int64 `json:"slept_ms"`
+	}
+	r.decode(t, &reply)
+	if r.status != 200 || reply.SleptMS == nil || *reply.SleptMS < 80 || time.Since(t0) < 80*time.Millisecond {
+		t.Errorf("sleep: %d %s after %s", r.status, r.body, time.Since(t0))
+	}
+	h.get("/v1/wait?timeout_ms=-5").wantError(t, 400, "invalid", "timeout_ms")
 }

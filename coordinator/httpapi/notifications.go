@@ -39,6 +39,11 @@ func queryAfter(r *http.Request) (*uint64, error) {
 	return &n, nil
 }
 
+// queryFormat parses the optional format parameter: the format to write each text in ("": as stored).
+func queryFormat(r *http.Request) (coordinator.Format, error) {
+	return coordinator.ParseFormat("format", r.URL.Query().Get("format"))
+}
+
 type notificationsReply struct {
 	Notifications []*notificationView `json:"notifications"`
 	Next          uint64              `json:"next"`
@@ -62,10 +67,15 @@ func (s *Server) handleNotifications(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	format, err := queryFormat(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	id := session(r, r.URL.Query().Get("session"))
 	s.svc.TouchSession(id)
 	notes, next, err := s.svc.Notifications(r.Context(), coordinator.NotificationQuery{
-		Session: id, After: after, Wait: time.Duration(wait) * time.Millisecond, Limit: int(limit),
+		Session: id, After: after, Wait: time.Duration(wait) * time.Millisecond, Limit: int(limit), Format: format,
 	})
 	if err != nil {
 		s.writeError(w, r, err)
@@ -87,6 +97,11 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	format, err := queryFormat(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	if last := r.Header.Get("Last-Event-ID"); last != "" {
 		n, err := strconv.ParseUint(last, 10, 64)
 		if err != nil {
@@ -98,7 +113,7 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 	id := session(r, r.URL.Query().Get("session"))
 	ctx := r.Context()
 	// The first read checks the query before the reply starts.
-	notes, next, err := s.svc.Notifications(ctx, coordinator.NotificationQuery{Session: id, After: after})
+	notes, next, err := s.svc.Notifications(ctx, coordinator.NotificationQuery{Session: id, After: after, Format: format})
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -130,7 +145,7 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.svc.TouchSession(id)
-		notes, next, err = s.svc.Notifications(ctx, coordinator.NotificationQuery{Session: id, After: &next, Wait: streamKeepAlive})
+		notes, next, err = s.svc.Notifications(ctx, coordinator.NotificationQuery{Session: id, After: &next, Wait: streamKeepAlive, Format: format})
 		if err != nil {
 			// The client left or the server is closing; anything else ends the stream too, and the
 			// client resumes from its Last-Event-ID.
@@ -171,9 +186,12 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request) {
 type openSessionBody struct {
 	ID      string `json:"id"`
 	LeaseMS int64  `json:"lease_ms"`
+	// Format sets the format of the session's notifications; "" keeps it.
+	Format string `json:"format"`
 }
 
-// handleOpenSession creates a session, or reopens or updates one, with an optional lease.
+// handleOpenSession creates a session, or reopens or updates one, with an optional lease and
+// notification format.
 func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
 	var b openSessionBody
 	if err := decodeBody(w, r, &b, false); err != nil {
@@ -188,7 +206,7 @@ func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalid("lease_ms must be 0 (no lease) or between %d and %d.", coordinator.MinLease.Milliseconds(), maxMS))
 		return
 	}
-	st, err := s.svc.OpenSession(r.Context(), b.ID, time.Duration(b.LeaseMS)*time.Millisecond)
+	st, err := s.svc.OpenSessionWith(r.Context(), b.ID, time.Duration(b.LeaseMS)*time.Millisecond, coordinator.Format(b.Format))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

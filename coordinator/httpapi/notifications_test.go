@@ -60,6 +60,74 @@ func TestNotifications(t *testing.T) {
 	}
 }
 
+// TestNotificationFormats: a session opened with format task_notification gets Claude Code's
+// <task-notification> texts, a start's notification_format overrides it, and a read's or a stream's
+// format parameter rewrites the texts it returns.
+func TestNotificationFormats(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.finishWith("boom\n", 1)
+	r := h.post("/v1/sessions", map[string]any{"id": "claude", "format": "task_notification"})
+	var open struct {
+		Session client.Session `json:"session"`
+	}
+	r.decode(t, &open)
+	if r.status != http.StatusOK || open.Session.Format != "task_notification" {
+		t.Fatalf("open: %d %s", r.status, r.body)
+	}
+	a := h.start(map[string]any{"command": "false", "title": "unit tests", "session": "claude"})
+	b := h.start(map[string]any{"command": "false", "session": "claude", "notification_format": "system_notification"})
+	n := h.notifications("?session=claude")
+	if len(n.Notifications) != 2 {
+		t.Fatalf("notifications %+v", n)
+	}
+	got := n.Notifications[0]
+	want := "<task-notification>\n<task-id>" + a.Job.ID + "</task-id>\n<output-file>" + got.OutputPath + "</output-file>\n<status>failed</status>\n" +
+		"<summary>Background command \"unit tests\" failed with exit code 1</summary>\n</task-notification>\nRead the output file to retrieve the result: " + got.OutputPath
+	if got.Format != "task_notification" || got.Text != want || got.Detail != "exit_code=1" {
+		t.Fatalf("notification %+v\nwant text\n%s", got, want)
+	}
+	if got := n.Notifications[1]; got.JobID != b.Job.ID || got.Format != "system_notification" || !strings.HasPrefix(got.Text, "<system_notification>\n") {
+		t.Fatalf("notification_format: %+v", got)
+	}
+	for _, f := range []string{"system_notification", "task_notification"} {
+		n := h.notifications("?session=claude&format=" + f)
+		for _, got := range n.Notifications {
+			if got.Format != f || strings.HasPrefix(got.Text, "<system_notification>") != (f == "system_notification") {
+				t.Fatalf("read as %s: %+v", f, got)
+			}
+		}
+	}
+	if n := h.notifications("?session=default"); len(n.Notifications) != 0 {
+		t.Fatalf("default session: %+v", n)
+	}
+	def := h.start(map[string]any{"command": "false"})
+	if n := h.notifications("?session=default"); len(n.Notifications) != 1 || n.Notifications[0].JobID != def.Job.ID || n.Notifications[0].Format != "system_notification" {
+		t.Fatalf("default format: %+v", n)
+	}
+
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", h.url+"/v1/notifications/stream?session=claude&after=0&format=system_notification", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			var got notification
+			if err := json.Unmarshal([]byte(data), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.JobID != a.Job.ID || got.Format != "system_notification" || !strings.HasPrefix(got.Text, "<system_notification>\n") {
+				t.Fatalf("stream: %+v", got)
+			}
+			return
+		}
+	}
+	t.Fatal("the stream ended without an event")
+}
+
 // TestLongPoll: a long-poll returns as soon as a notification is stored.
 func TestLongPoll(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
@@ -234,6 +302,10 @@ func TestNotificationsInvalid(t *testing.T) {
 		{"bad Last-Event-ID", h.get("/v1/notifications/stream", "Last-Event-ID", "x"), 400, "invalid", "Last-Event-ID"},
 		{"lease negative", h.post("/v1/sessions", map[string]any{"id": "s", "lease_ms": -1}), 400, "invalid", "lease_ms"},
 		{"session without id", h.post("/v1/sessions", map[string]any{"lease_ms": 1000}), 400, "invalid", "id"},
+		{"session format", h.post("/v1/sessions", map[string]any{"id": "s", "format": "xml"}), 400, "invalid", "format"},
+		{"start format", h.post("/v1/jobs", map[string]any{"command": "x", "cwd": h.cwd, "notification_format": "markdown"}), 400, "invalid", "notification_format"},
+		{"read format", h.get("/v1/notifications?format=json"), 400, "invalid", "format"},
+		{"stream format", h.get("/v1/notifications/stream?format=json"), 400, "invalid", "format"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.r.wantError(t, tt.status, tt.code, tt.want) })

@@ -10,28 +10,33 @@ import (
 // than serializing that, which carries internal fields (work_seq, accepted_at). Unset values are
 // null, not absent: exit_code until the end, pid before the start, started_at, ended_at, usage.
 type jobView struct {
-	ID          string     `json:"id"`
-	Session     string     `json:"session"`
-	Title       string     `json:"title"`
-	Command     string     `json:"command"`
-	Cwd         string     `json:"cwd"`
-	Readonly    bool       `json:"readonly"`
-	User        string     `json:"user"`
-	Pool        string     `json:"pool"`
-	Status      string     `json:"status"`
-	Reason      string     `json:"reason"`
-	ExitCode    *int       `json:"exit_code"`
-	Pid         *int       `json:"pid"`
-	Runner      string     `json:"runner"`
-	CreatedAt   time.Time  `json:"created_at"`
-	StartedAt   *time.Time `json:"started_at"`
-	EndedAt     *time.Time `json:"ended_at"`
-	ElapsedMS   int64      `json:"elapsed_ms"`
-	OutputBytes int64      `json:"output_bytes"`
-	OutputPath  string     `json:"output_path"`
-	Limits      limitsView `json:"limits"`
-	Usage       *usageView `json:"usage"`
-	Error       string     `json:"error,omitempty"`
+	ID       string `json:"id"`
+	Session  string `json:"session"`
+	Title    string `json:"title"`
+	Command  string `json:"command"`
+	Cwd      string `json:"cwd"`
+	Readonly bool   `json:"readonly"`
+	User     string `json:"user"`
+	Shell    string `json:"shell"`
+	Linger   bool   `json:"linger"`
+	Stdin    bool   `json:"stdin"`
+	Pool     string `json:"pool"`
+	Status   string `json:"status"`
+	// QueuedReason says why a queued job has not started yet; null otherwise.
+	QueuedReason *string    `json:"queued_reason"`
+	Reason       string     `json:"reason"`
+	ExitCode     *int       `json:"exit_code"`
+	Pid          *int       `json:"pid"`
+	Runner       string     `json:"runner"`
+	CreatedAt    time.Time  `json:"created_at"`
+	StartedAt    *time.Time `json:"started_at"`
+	EndedAt      *time.Time `json:"ended_at"`
+	ElapsedMS    int64      `json:"elapsed_ms"`
+	OutputBytes  int64      `json:"output_bytes"`
+	OutputPath   string     `json:"output_path"`
+	Limits       limitsView `json:"limits"`
+	Usage        *usageView `json:"usage"`
+	Error        string     `json:"error,omitempty"`
 	// NotifyOnOutput, Monitor and Persistent extend API.md's job object: what the start asked for.
 	NotifyOnOutput *notifyView `json:"notify_on_output"`
 	Monitor        bool        `json:"monitor"`
@@ -72,7 +77,7 @@ func utc(t *time.Time) *time.Time {
 func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	v := &jobView{
 		ID: j.ID, Session: j.Session, Title: j.Title, Command: j.Command, Cwd: j.Cwd,
-		Readonly: j.Readonly, User: j.User, Pool: j.Pool, Status: string(j.Status), Reason: j.Reason,
+		Readonly: j.Readonly, User: j.User, Shell: j.Shell, Linger: j.Linger, Stdin: j.Stdin, Pool: j.Pool, Status: string(j.Status), Reason: j.Reason,
 		Runner: j.Runner, CreatedAt: j.CreatedAt.UTC(), StartedAt: utc(j.StartedAt),
 		EndedAt: utc(j.EndedAt), ElapsedMS: j.ElapsedMS(now), OutputBytes: j.OutputBytes,
 		OutputPath: j.OutputPath, Error: j.Error,
@@ -88,6 +93,10 @@ func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	if j.Pid != 0 {
 		p := j.Pid
 		v.Pid = &p
+	}
+	if j.QueuedReason != "" {
+		r := j.QueuedReason
+		v.QueuedReason = &r
 	}
 	if j.Usage != nil {
 		v.Usage = &usageView{CPUMS: j.Usage.CPUMS, MemoryPeakBytes: j.Usage.MemoryPeakBytes}
@@ -111,14 +120,25 @@ type notificationView struct {
 	Detail     string    `json:"detail"`
 	OutputPath string    `json:"output_path"`
 	CreatedAt  time.Time `json:"created_at"`
-	Text       string    `json:"text"`
+	// Format extends API.md's object: the format text is written in.
+	Format string `json:"format"`
+	Text   string `json:"text"`
 }
 
 func viewNotification(n *coordinator.Notification) *notificationView {
 	return &notificationView{
 		Seq: n.Seq, ID: n.ID, Session: n.Session, Kind: string(n.Kind), Status: n.Status, JobID: n.JobID,
-		Title: n.Title, Detail: n.Detail, OutputPath: n.OutputPath, CreatedAt: n.CreatedAt.UTC(), Text: n.Text,
+		Title: n.Title, Detail: n.Detail, OutputPath: n.OutputPath, CreatedAt: n.CreatedAt.UTC(),
+		Format: string(formatOf(n.Format)), Text: n.Text,
 	}
+}
+
+// formatOf names the default format rather than leave it blank.
+func formatOf(f coordinator.Format) coordinator.Format {
+	if f == "" {
+		return coordinator.FormatSystem
+	}
+	return f
 }
 
 // sessionView is the API's session object.
@@ -130,12 +150,14 @@ type sessionView struct {
 	EndedAt   *time.Time `json:"ended_at"`
 	Acked     uint64     `json:"acked"`
 	LastSeq   uint64     `json:"last_seq"`
+	// Format is the format of the session's notifications.
+	Format string `json:"format"`
 }
 
 func viewSession(s *coordinator.Session) *sessionView {
 	return &sessionView{
 		ID: s.ID, CreatedAt: s.CreatedAt.UTC(), LeaseMS: s.LeaseMS, ExpiresAt: utc(s.ExpiresAt),
-		EndedAt: utc(s.EndedAt), Acked: s.Acked, LastSeq: s.LastSeq,
+		EndedAt: utc(s.EndedAt), Acked: s.Acked, LastSeq: s.LastSeq, Format: string(formatOf(s.Format)),
 	}
 }
 

@@ -1,0 +1,59 @@
+package coordinator
+
+import (
+	"context"
+	"time"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// inputStartWait is how long Input waits for a job that is about to start: an agent often sends
+// input right after it started the job.
+const inputStartWait = 5 * time.Second
+
+// Input writes data to a running job's standard input, then closes it when closeIt is set. The job
+// must have been started with stdin; a queued one is waited for a few seconds.
+func (s *Service) Input(ctx context.Context, id string, data []byte, closeIt bool) error {
+	if len(data) > proto.MaxStdinBytes {
+		return Errorf(ETOOLARGE, "data is %d bytes; one call sends at most %d.", len(data), proto.MaxStdinBytes)
+	}
+	deadline := time.NewTimer(inputStartWait)
+	defer deadline.Stop()
+	var runner string
+	for {
+		j, _, changed, err := s.watch(ctx, id)
+		if err != nil {
+			return err
+		}
+		switch {
+		case changed == nil:
+			return Errorf(ECONFLICT, "Job %s has ended; its input is closed.", id)
+		case !j.Stdin:
+			return Errorf(ECONFLICT, "Job %s was not started with stdin: true; it reads /dev/null.", id)
+		}
+		if j.Status == StatusRunning {
+			runner = j.Runner
+			break
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return Errorf(ECONFLICT, "Job %s has not started yet; send its input once it runs.", id)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpStdin, JobID: id, Data: data, Close: closeIt})
+	if err != nil {
+		return Errorf(EUNAVAILABLE, "Runner %s did not answer: %v.", runner, err)
+	}
+	switch reply.Code {
+	case proto.ReplyOK:
+		return nil
+	case proto.ReplyUnknownJob:
+		return Errorf(ECONFLICT, "Job %s has ended; its input is closed.", id)
+	case proto.ReplyRefused:
+		return Errorf(ECONFLICT, "%s.", reply.Message)
+	}
+	return Errorf(EINTERNAL, "Runner %s refused: %s.", runner, reply.Message)
+}

@@ -1,0 +1,113 @@
+package sandbox
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestKillGraceCoversJob: a kill's SIGTERM reaches every process of the job, also one in its own
+// session, and the grace before SIGKILL holds for them after the main shell has died of the TERM.
+func TestKillGraceCoversJob(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		cfg.KillGrace = 3 * time.Second
+		m, _ := newTestManager(t, cfg)
+		script := `(trap 'sleep 0.4; echo child cleaned up; exit 0' TERM; while :; do sleep 0.05; done) &
+setsid sh -c 'trap "echo daemon got TERM; exit 0" TERM; while :; do sleep 0.05; done' &
+echo started; wait`
+		p, err := m.Start(sh("grace", script))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := drain(t, p.Output())
+		time.Sleep(300 * time.Millisecond) // the traps are set
+		t0 := time.Now()
+		if err := p.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := p.Wait()
+		took := time.Since(t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := out()
+		for _, want := range []string{"started", "child cleaned up", "daemon got TERM"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("output %q lacks %q (result %+v)", got, want, res)
+			}
+		}
+		// The job ends when its last process exits, not at the end of the grace.
+		if took > 2*time.Second {
+			t.Errorf("the kill took %s; everything had exited after about 0.4 s", took)
+		}
+	})
+}
+
+// TestKillGraceEnds: what ignores SIGTERM is killed when the grace ends, main process or not.
+func TestKillGraceEnds(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		cfg.KillGrace = 300 * time.Millisecond
+		m, _ := newTestManager(t, cfg)
+		p, err := m.Start(sh("stubborn", `setsid sh -c 'trap "" TERM; while :; do sleep 0.05; done' & echo started; wait`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := drain(t, p.Output())
+		time.Sleep(200 * time.Millisecond)
+		t0 := time.Now()
+		p.Kill()
+		if _, err := p.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		out()
+		if took := time.Since(t0); took < 250*time.Millisecond || took > 5*time.Second {
+			t.Errorf("the kill took %s, want about the grace (300 ms)", took)
+		}
+	})
+}
+
+// TestLinger: a lingering job lasts until its output closes: a background child still printing is
+// waited for (without Linger it is killed when the shell exits); one that closed its output is not;
+// a kill ends a lingering job whose shell has exited.
+func TestLinger(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		const script = `(sleep 0.3; echo late) & echo early`
+		spec := sh("linger", script)
+		spec.Linger = true
+		if res, out := run(t, m, spec); res.ExitCode != 0 || out != "early\nlate\n" {
+			t.Errorf("linger: %+v %q, want early and late", res, out)
+		}
+		if _, out := run(t, m, sh("no-linger", script)); out != "early\n" {
+			t.Errorf("without linger: %q, want early only", out)
+		}
+
+		spec = sh("linger-daemon", `sleep 100 >/dev/null 2>&1 & echo $!`)
+		spec.Linger = true
+		t0 := time.Now()
+		_, out := run(t, m, spec)
+		if took := time.Since(t0); took > 5*time.Second {
+			t.Errorf("a daemon with its output closed held the job %s", took)
+		}
+		if pid := strings.TrimSpace(out); pid == "" {
+			t.Errorf("output %q", out)
+		}
+
+		spec = sh("linger-kill", `(while :; do echo tick; sleep 0.05; done) & exit 0`)
+		spec.Linger = true
+		p, err := m.Start(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drained := drain(t, p.Output())
+		time.Sleep(200 * time.Millisecond)
+		p.Kill()
+		res, err := p.Wait()
+		if err != nil || res.ExitCode != 0 {
+			t.Errorf("killed lingering job: %+v, %v (the main process's own exit code is 0)", res, err)
+		}
+		if !strings.Contains(drained(), "tick") {
+			t.Error("no output from the lingering child")
+		}
+	})
+}
