@@ -42,6 +42,8 @@ type OutputStore interface {
 	End(job *Job) error
 	// Size is the number of body bytes on disk (0 when there is no file).
 	Size(id string) (int64, error)
+	// Remove deletes an ended job's terminal file.
+	Remove(id string) error
 	// Open returns a reader of the body, positioned at offset; it reads at most limit bytes
 	// (limit < 0: to the end of what is on disk now).
 	Open(id string, offset, limit int64) (io.ReadCloser, error)
@@ -62,6 +64,17 @@ type Store interface {
 	JobStore
 	NotificationStore
 	SessionStore
+	RetentionStore
+}
+
+// RetentionStore removes what the coordinator no longer keeps (see Service.retain).
+type RetentionStore interface {
+	// OldestJobs calls f with jobs in creation order, oldest first, until f returns false.
+	OldestJobs(ctx context.Context, f func(*Job) bool) error
+	// DeleteJobs removes jobs by id.
+	DeleteJobs(ctx context.Context, ids []string) error
+	// DeleteNotificationsBefore removes the notifications created before cutoff; seqs are not reused.
+	DeleteNotificationsBefore(ctx context.Context, cutoff time.Time) (int, error)
 }
 
 // NotificationStore keeps notifications, per session, in sequence.

@@ -39,6 +39,12 @@ type Config struct {
 	MonitorWindow   time.Duration
 	// MonitorTimeout is a monitor's timeout unless it is persistent or sets its own (30 min).
 	MonitorTimeout time.Duration
+	// RetainAge is how long an ended job (its record and output) and a notification are kept (7 days);
+	// RetainBytes bounds the output of the ended jobs kept (10 GiB): past it the oldest go first.
+	// RetentionInterval is how often they are applied (1 min).
+	RetainAge         time.Duration
+	RetainBytes       int64
+	RetentionInterval time.Duration
 	Now            func() time.Time
 	Logger         *slog.Logger
 }
@@ -77,6 +83,15 @@ func (c *Config) setDefaults() {
 	if c.MonitorTimeout == 0 {
 		c.MonitorTimeout = 30 * time.Minute
 	}
+	if c.RetainAge == 0 {
+		c.RetainAge = DefaultRetainAge
+	}
+	if c.RetainBytes == 0 {
+		c.RetainBytes = DefaultRetainBytes
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = time.Minute
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -102,6 +117,8 @@ type Service struct {
 	// notesChanged is closed and replaced whenever a notification is stored.
 	notesChanged chan struct{}
 	stats        Stats
+	// outputTotal is the output of the ended jobs in the store, for RetainBytes.
+	outputTotal int64
 
 	// strays are the kill requests sent to runners in the background (stopStray); Run waits for them.
 	strays sync.WaitGroup
@@ -185,6 +202,9 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 			}
 		}
 		s.sessions[st.ID] = st
+	}
+	if s.outputTotal, err = storedOutput(ctx, jobs); err != nil {
+		return nil, err
 	}
 	unfinished, err := jobs.UnfinishedJobs(ctx)
 	if err != nil {
@@ -697,6 +717,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	}
 	delete(s.live, j.ID)
 	s.stats.JobsEnded[j.Status]++
+	s.outputTotal += j.OutputBytes
 	l.notify()
 	return nil
 }
@@ -797,6 +818,9 @@ func (s *Service) Run(ctx context.Context) {
 	defer check.Stop()
 	notify := time.NewTicker(s.cfg.NotifyInterval)
 	defer notify.Stop()
+	retain := time.NewTicker(s.cfg.RetentionInterval)
+	defer retain.Stop()
+	s.retain(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -805,6 +829,8 @@ func (s *Service) Run(ctx context.Context) {
 			s.touchHeaders()
 		case <-check.C:
 			s.markLost(ctx)
+		case <-retain.C:
+			s.retain(ctx)
 		case <-notify.C:
 			s.checkNotes(ctx)
 			s.endExpired(ctx)

@@ -4,6 +4,11 @@ package coordinator
 type Stats struct {
 	JobsStarted int64
 	JobsEnded   map[Status]int64
+	// JobsRemoved and NotificationsRemoved count what retention removed; OutputStored is the output of
+	// the ended jobs kept.
+	JobsRemoved          int64
+	NotificationsRemoved int64
+	OutputStored         int64
 	Events      int64
 	OutputBytes int64
 	JobsLive    int
@@ -20,6 +25,7 @@ func (s *Service) Stats() Stats {
 		st.JobsEnded[k] = v
 	}
 	st.JobsLive = len(s.live)
+	st.OutputStored = s.outputTotal
 	st.Runners = len(s.runners)
 	return st
 }

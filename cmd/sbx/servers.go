@@ -62,6 +62,8 @@ func newLogger(stderr io.Writer) *slog.Logger {
 type coordinatorFlags struct {
 	listen, data, tokenFile string
 	stallAfter              time.Duration
+	retainAge               time.Duration
+	retainBytes             string
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -69,6 +71,8 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.StringVar(&c.data, "data", defaultDataDir(getenv), "data directory")
 	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the bearer token every /v1 call must carry")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
+	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
+	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -270,7 +274,16 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, l
 	if err != nil {
 		return err
 	}
-	svc, err := coordinator.New(ctx, coordinator.Config{CheckCwd: local, Logger: log, StallAfter: cf.stallAfter}, db, terms, bus)
+	retainBytes, err := parseBytes(cf.retainBytes)
+	if err != nil || retainBytes <= 0 {
+		return usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
+	}
+	if cf.retainAge <= 0 {
+		return usageError("--retain-age must be positive")
+	}
+	svc, err := coordinator.New(ctx, coordinator.Config{
+		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RetainAge: cf.retainAge, RetainBytes: retainBytes,
+	}, db, terms, bus)
 	if err != nil {
 		return err
 	}

@@ -95,6 +95,12 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(&b, "sbx_runners %d\n", st.Runners)
 	metric("sbx_events_total", "counter", "Runner events applied.")
 	fmt.Fprintf(&b, "sbx_events_total %d\n", st.Events)
+	metric("sbx_jobs_removed_total", "counter", "Ended jobs removed by retention since the coordinator started.")
+	fmt.Fprintf(&b, "sbx_jobs_removed_total %d\n", st.JobsRemoved)
+	metric("sbx_notifications_removed_total", "counter", "Notifications removed by retention since the coordinator started.")
+	fmt.Fprintf(&b, "sbx_notifications_removed_total %d\n", st.NotificationsRemoved)
+	metric("sbx_output_stored_bytes", "gauge", "Output of the ended jobs kept (bounded by --retain-bytes).")
+	fmt.Fprintf(&b, "sbx_output_stored_bytes %d\n", st.OutputStored)
 	metric("sbx_output_bytes_total", "counter", "Output bytes written to terminal files.")
 	fmt.Fprintf(&b, "sbx_output_bytes_total %d\n", st.OutputBytes)
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -244,6 +245,20 @@ func (t *Terminals) End(job *coordinator.Job) error {
 	}
 	delete(t.open, job.ID)
 	return f.Close()
+}
+
+// Remove deletes an ended job's terminal file; one that does not exist is not an error.
+func (t *Terminals) Remove(id string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if term, ok := t.open[id]; ok {
+		term.f.Close()
+		delete(t.open, id)
+	}
+	if err := os.Remove(t.Path(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove terminal %s: %w", id, err)
+	}
+	return nil
 }
 
 // Size is the number of body bytes on disk of a job that has not ended; 0 when there is no file.

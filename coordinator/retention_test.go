@@ -1,0 +1,156 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// retentionService is a Service with the retention settings given, applied every 5 ms.
+func retentionService(t *testing.T, clk *clock, age time.Duration, bytes int64) (*coordinator.Service, *store.DB) {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := store.Open(filepath.Join(dir, "sbx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	terms, err := store.OpenTerminals(filepath.Join(dir, "terminals"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { terms.Close() })
+	svc, err := coordinator.New(t.Context(), coordinator.Config{
+		Now: clk.Now, RetainAge: age, RetainBytes: bytes, RetentionInterval: 5 * time.Millisecond,
+	}, db, terms, &dispatcher{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return svc, db
+}
+
+// runJob starts a job and has it print out and exit 0 at the clock's time; it returns its id.
+func runJob(t *testing.T, svc *coordinator.Service, clk *clock, out string) string {
+	t.Helper()
+	ctx := t.Context()
+	res, err := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	if err := svc.HandleEvent(ctx, event(proto.EventStarted, id, clk.Now())); err != nil {
+		t.Fatal(err)
+	}
+	if out != "" {
+		if err := svc.HandleChunk(ctx, &proto.Chunk{JobID: id, Offset: 0, Data: []byte(out)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code := 0
+	exit := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: clk.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: int64(len(out))}
+	if err := svc.HandleEvent(ctx, exit); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// gone waits until the job is removed: its record answers not found and its terminal file is gone.
+func waitGone(t *testing.T, svc *coordinator.Service, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		_, err := svc.Job(t.Context(), id)
+		if coordinator.ErrorCode(err) == coordinator.ENOTFOUND {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s still there: %v", id, err)
+		}
+	}
+}
+
+func present(t *testing.T, svc *coordinator.Service, id string) bool {
+	t.Helper()
+	j, err := svc.Job(t.Context(), id)
+	if err != nil {
+		return false
+	}
+	_, ferr := os.Stat(j.OutputPath)
+	return ferr == nil
+}
+
+// TestRetentionAge: jobs that ended more than RetainAge ago go (record and terminal file), and so do
+// older notifications; a job still running and a recent one stay.
+func TestRetentionAge(t *testing.T) {
+	clk := &clock{now: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
+	svc, _ := retentionService(t, clk, 24*time.Hour, 1<<30)
+	old := runJob(t, svc, clk, "old\n")
+	oldPath := filepath.Join(filepath.Dir(mustJob(t, svc, old).OutputPath), old+".txt")
+	res, err := svc.Start(t.Context(), coordinator.StartRequest{Command: "sleep", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := res.Job.ID
+	if err := svc.HandleEvent(t.Context(), event(proto.EventStarted, running, clk.Now())); err != nil {
+		t.Fatal(err)
+	}
+	var zero uint64
+	before, _, err := svc.Notifications(t.Context(), coordinator.NotificationQuery{Session: "default", After: &zero})
+	if err != nil || len(before) != 1 {
+		t.Fatalf("notifications %+v, %v; want the old job's finished one", before, err)
+	}
+
+	clk.advance(25 * time.Hour)
+	recent := runJob(t, svc, clk, "recent\n")
+	waitGone(t, svc, old)
+	if _, err := os.Stat(oldPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("terminal file of a removed job: %v", err)
+	}
+	if !present(t, svc, recent) || !present(t, svc, running) {
+		t.Error("a recent or running job was removed")
+	}
+	after, _, err := svc.Notifications(t.Context(), coordinator.NotificationQuery{Session: "default", After: &zero})
+	if err != nil || len(after) != 1 || after[0].JobID != recent {
+		t.Fatalf("notifications after retention: %+v, %v; want only the recent job's", after, err)
+	}
+	if st := svc.Stats(); st.JobsRemoved != 1 || st.NotificationsRemoved != 1 || st.OutputStored != int64(len("recent\n")) {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestRetentionBytes: past RetainBytes the oldest ended jobs go first, until what is kept fits.
+func TestRetentionBytes(t *testing.T) {
+	clk := &clock{now: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
+	svc, _ := retentionService(t, clk, 24*time.Hour, 10)
+	a := runJob(t, svc, clk, "aaaaaa")
+	clk.advance(time.Millisecond)
+	b := runJob(t, svc, clk, "bbbbbb")
+	clk.advance(time.Millisecond)
+	c := runJob(t, svc, clk, "cccc")
+	waitGone(t, svc, a)
+	if !present(t, svc, b) || !present(t, svc, c) {
+		t.Errorf("b and c (10 bytes together) should stay")
+	}
+	if st := svc.Stats(); st.OutputStored != 10 {
+		t.Errorf("output stored %d, want 10", st.OutputStored)
+	}
+}
+
+func mustJob(t *testing.T, svc *coordinator.Service, id string) *coordinator.Job {
+	t.Helper()
+	j, err := svc.Job(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
