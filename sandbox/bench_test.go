@@ -70,7 +70,7 @@ func BenchmarkReadonly(b *testing.B) {
 				sbx = append(sbx, time.Since(t0))
 
 				t0 = time.Now()
-				spec, prog, err := tools.wrap(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", "true"}, Dir: "/"})
+				spec, prog, err := tools.wrap(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", "true"}, Dir: "/"}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

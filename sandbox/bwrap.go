@@ -1,10 +1,15 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -16,23 +21,88 @@ import (
 const seccompFD = statusFD + 1
 
 // bwrapArgs is the argv of bwrap running argv (argv[0] an absolute path) in dir with nothing writable,
-// no network, no capabilities, a private /proc and /dev, and the seccomp program read from fd. The
-// flags are DESIGN.md's ("Runner: readonly"); docs/readonly.md says what they block.
-func bwrapArgs(dir string, fd int, argv []string) []string {
+// no network, no capabilities, a private /proc and /dev, the hidden paths covered, and the seccomp
+// program read from fd. The flags are DESIGN.md's ("Runner: readonly") and more; docs/readonly.md says
+// what each blocks:
+//   - --unshare-user --disable-userns: the job cannot make a user namespace of its own, in which it
+//     would hold every capability again and could mount its cgroup and lift its limits;
+//   - --ro-bind /proc/sys /proc/sys: bwrap covers /proc/sys only when access(2) says it is writable,
+//     and for the directory it never does, so as root every sysctl stayed writable.
+func bwrapArgs(dir string, fd int, hide []hidden, argv []string) []string {
 	args := []string{
 		"bwrap",
 		"--new-session",
 		"--die-with-parent",
 		"--unshare-all",
+		"--unshare-user",
+		"--disable-userns",
 		"--ro-bind", "/", "/",
 		"--dev", "/dev",
 		"--proc", "/proc",
+		"--ro-bind", "/proc/sys", "/proc/sys",
+	}
+	// Last among the mounts, so that nothing mounted after covers a hidden path again.
+	for _, h := range hide {
+		if h.dir {
+			args = append(args, "--tmpfs", h.path, "--remount-ro", h.path)
+		} else {
+			args = append(args, "--ro-bind", "/dev/null", h.path)
+		}
+	}
+	args = append(args,
 		"--cap-drop", "ALL",
 		"--chdir", dir,
 		"--seccomp", strconv.Itoa(fd),
 		"--",
-	}
+	)
 	return append(args, argv...)
+}
+
+// hidden is a path a readonly job must not see, as found when the job starts.
+type hidden struct {
+	path string // absolute, without symlinks
+	dir  bool   // covered by an empty read-only tmpfs; else by /dev/null
+}
+
+// findHidden resolves paths (Config.Hide) for one job: a path that does not exist is skipped, a
+// symlink is followed (bwrap would mount on its target anyway, and the target is what must be
+// covered), and a path under a hidden directory is left out, as it is covered already (and bwrap
+// could not make its mount point in the read-only tmpfs).
+func findHidden(paths []string) ([]hidden, error) {
+	var hs []hidden
+	for _, p := range paths {
+		resolved, err := filepath.EvalSymlinks(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("hide %s: %w", p, err)
+		}
+		if resolved == "/" {
+			return nil, fmt.Errorf("hide %s: resolves to /", p)
+		}
+		fi, err := os.Stat(resolved)
+		if err != nil {
+			return nil, fmt.Errorf("hide %s: %w", p, err)
+		}
+		hs = append(hs, hidden{path: resolved, dir: fi.IsDir()})
+	}
+	// Parents sort before their children.
+	slices.SortFunc(hs, func(a, b hidden) int { return strings.Compare(a.path, b.path) })
+	out := hs[:0]
+	for _, h := range hs {
+		covered := false
+		for _, o := range out {
+			if h.path == o.path || o.dir && strings.HasPrefix(h.path, o.path+"/") {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			out = append(out, h)
+		}
+	}
+	return out, nil
 }
 
 // readonlyTools is what a readonly start needs: bwrap's path and the compiled filter. A Manager finds
@@ -65,9 +135,13 @@ func (t *readonlyTools) get(bwrap string) (*readonlyTools, error) {
 	return t, t.err
 }
 
-// wrap turns spec into bwrap running spec's program, and returns the file the program must find on
-// seccompFD; the caller closes it once the process has started.
-func (t *readonlyTools) wrap(spec Spec) (Spec, *os.File, error) {
+// wrap turns spec into bwrap running spec's program with hide (Config.Hide) covered, and returns the
+// file the program must find on seccompFD; the caller closes it once the process has started.
+func (t *readonlyTools) wrap(spec Spec, hide []string) (Spec, *os.File, error) {
+	hs, err := findHidden(hide)
+	if err != nil {
+		return Spec{}, nil, fmt.Errorf("readonly: %w", err)
+	}
 	f, err := t.program()
 	if err != nil {
 		return Spec{}, nil, err
@@ -80,7 +154,7 @@ func (t *readonlyTools) wrap(spec Spec) (Spec, *os.File, error) {
 	if dir == "" {
 		dir = "/"
 	}
-	spec.Path, spec.Args, spec.Dir = t.bwrap, bwrapArgs(dir, seccompFD, argv), dir
+	spec.Path, spec.Args, spec.Dir = t.bwrap, bwrapArgs(dir, seccompFD, hs, argv), dir
 	return spec, f, nil
 }
 

@@ -9,13 +9,16 @@ package sandbox
 // in Go (see init.go). The arguments and the status pipe are those of initArgs and statusFD.
 
 /*
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -164,6 +167,14 @@ static void sbx_warm(pid_t parent) {
 		sbx_init_fail("init:", "malformed job message");
 	if (strcmp(seccomp, "1") != 0)
 		close(4);
+	// A readonly job gets a private mount namespace before bwrap, as Start gives it on the cold path
+	// (SysProcAttr.Unshareflags): nothing the host mounts later propagates into the sandbox.
+	if (strcmp(seccomp, "1") == 0) {
+		if (unshare(CLONE_NEWNS) < 0)
+			sbx_init_fail("init:", "unshare mount namespace");
+		if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+			sbx_init_fail("init:", "make mounts private");
+	}
 	// Both lists must end with NULL: argv's end is the envc field, parsed already, and envp's is the
 	// spare slot calloc left after the last field.
 	argv[argc] = NULL;

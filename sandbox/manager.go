@@ -14,6 +14,8 @@ import (
 	"math"
 	"os"
 	"path"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +53,11 @@ type Config struct {
 	// Bwrap is the bubblewrap binary for readonly jobs, a path or a name looked up in PATH when the
 	// first readonly job (or ProbeReadonly) needs it; default "bwrap".
 	Bwrap string
+	// Hide lists absolute, clean paths that readonly jobs must not see, such as the runner's
+	// credentials: when a job starts, a directory is covered by an empty read-only tmpfs, a file by
+	// /dev/null, a symlink's target likewise, and a path that does not exist is skipped. Plain jobs
+	// see everything.
+	Hide []string
 	// Warm is how many init steps a v1 Manager keeps joined to spare cgroups, ready for the next jobs
 	// (warm.go); default 4, negative for none. v2 needs none.
 	Warm int
@@ -62,6 +69,7 @@ type Manager struct {
 	grace   time.Duration
 	h       hierarchy
 	bwrap   string
+	hide    []string
 	ro      readonlyTools
 	warm    *warmPool // nil on v2, without cgo, or with Config.Warm < 0
 
@@ -90,6 +98,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if err := validRoot(cfg.Root); err != nil {
 		return nil, err
 	}
+	if err := validHide(cfg.Hide); err != nil {
+		return nil, err
+	}
 	if err := cloexecInherited(); err != nil {
 		return nil, err
 	}
@@ -110,7 +121,7 @@ func NewManager(cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("%w: no cgroup mount at /sys/fs/cgroup", ErrNoCgroups)
 		}
 	}
-	m := &Manager{version: cfg.Version, grace: cfg.KillGrace, bwrap: cfg.Bwrap, live: make(map[string]bool)}
+	m := &Manager{version: cfg.Version, grace: cfg.KillGrace, bwrap: cfg.Bwrap, hide: slices.Clone(cfg.Hide), live: make(map[string]bool)}
 	var err error
 	switch cfg.Version {
 	case "v1":
@@ -169,6 +180,16 @@ func validRoot(root string) error {
 	for _, elem := range strings.Split(root, "/") {
 		if elem == "." || elem == ".." {
 			return fmt.Errorf("%w: root %q must not contain %q", ErrInvalidConfig, root, elem)
+		}
+	}
+	return nil
+}
+
+// validHide accepts absolute, clean paths other than /, which a readonly job could not run without.
+func validHide(paths []string) error {
+	for _, p := range paths {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" || strings.IndexByte(p, 0) >= 0 {
+			return fmt.Errorf("%w: hide %q must be an absolute, clean path other than /", ErrInvalidConfig, p)
 		}
 	}
 	return nil
@@ -240,7 +261,7 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}
-		wrapped, prog, err := ro.wrap(spec)
+		wrapped, prog, err := ro.wrap(spec, m.hide)
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}

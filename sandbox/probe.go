@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -27,10 +29,10 @@ const probeID = "sbx-readonly-probe"
 const probeTimeout = 20 * time.Second
 
 // ProbeReadonly runs this binary as a readonly job, exactly as readonly jobs run (bwrap, the seccomp
-// filter, the job's cgroup), and checks from inside that the sandbox holds: an AF_UNIX socket is
-// refused with EPERM (also with junk in the domain's high 32 bits), io_uring is refused, and / is not
-// writable. It returns nil when readonly jobs can run here, else an error saying why not. A runner
-// calls it once at start-up and keeps the verdict.
+// filter, the job's cgroup), and checks from inside that the sandbox holds (probeChecks: every rule
+// of the filter, / and /proc/sys not writable, no nested user namespace). It returns nil when
+// readonly jobs can run here, else an error saying why not. A runner calls it once at start-up and
+// keeps the verdict.
 func (m *Manager) ProbeReadonly(ctx context.Context) error {
 	exe, err := os.Executable()
 	if err != nil {
@@ -64,29 +66,136 @@ func (m *Manager) ProbeReadonly(ctx context.Context) error {
 	return nil
 }
 
+// probeCheck is one thing the probe tries: call must fail with want, or with any error when want
+// is 0. Each call is harmless when the sandbox is broken and it succeeds: it creates nothing that
+// outlives it, or removes what it created.
+type probeCheck struct {
+	what string
+	want unix.Errno
+	call func() error
+}
+
+// refused reports whether err, from c.call, is the refusal the check wants.
+func (c probeCheck) refused(err error) bool {
+	return err != nil && (c.want == 0 || errors.Is(err, c.want))
+}
+
+// probeChecks are the probe's checks, one or more for each rule of readonlyFilter and each bwrap
+// flag that docs/readonly.md's "What it blocks" names a probe check for.
+func probeChecks() []probeCheck {
+	// rawErr and rawFD take a raw syscall's results; rawFD closes the descriptor a call made.
+	rawErr := func(_, _ uintptr, errno unix.Errno) error {
+		if errno != 0 {
+			return errno
+		}
+		return nil
+	}
+	rawFD := func(r, _ uintptr, errno unix.Errno) error {
+		if errno != 0 {
+			return errno
+		}
+		unix.Close(int(r))
+		return nil
+	}
+	socket := func(domain uintptr) func() error {
+		return func() error {
+			return rawFD(unix.RawSyscall(unix.SYS_SOCKET, domain, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0))
+		}
+	}
+	// onRoot calls f with a read-only descriptor of /, which locks and leases need.
+	onRoot := func(f func(fd int) error) func() error {
+		return func() error {
+			fd, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("open /: %w", err)
+			}
+			defer unix.Close(fd)
+			return f(fd)
+		}
+	}
+	return []probeCheck{
+		{"socket(AF_UNIX)", unix.EPERM, socket(unix.AF_UNIX)},
+		{"socket(AF_UNIX|1<<32)", unix.EPERM, socket(unix.AF_UNIX | 1<<32)},
+		{"socket(AF_VSOCK)", unix.EPERM, socket(unix.AF_VSOCK)},
+		{"socket(AF_VSOCK|1<<32)", unix.EPERM, socket(unix.AF_VSOCK | 1<<32)},
+		{"io_uring_setup", unix.EPERM, func() error {
+			var params [120]byte // struct io_uring_params
+			return rawFD(unix.RawSyscall(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&params)), 0))
+		}},
+		// Without the filter: EINVAL, as a size of 0 is no struct clone_args; no child is made.
+		{"clone3", unix.ENOSYS, func() error { return rawErr(unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)) }},
+		{"keyctl", unix.EPERM, func() error {
+			_, err := unix.KeyctlInt(unix.KEYCTL_GET_KEYRING_ID, unix.KEY_SPEC_SESSION_KEYRING, 0, 0, 0)
+			return err
+		}},
+		// A key type that does not exist: without the filter ENODEV, and no key is added.
+		{"add_key", unix.EPERM, func() error {
+			_, err := unix.AddKey("sbx-probe-none", "sbx-probe", nil, unix.KEY_SPEC_SESSION_KEYRING)
+			return err
+		}},
+		{"request_key", unix.EPERM, func() error {
+			_, err := unix.RequestKey("sbx-probe-none", "sbx-probe", "", 0)
+			return err
+		}},
+		{"flock", unix.EPERM, onRoot(func(fd int) error { return unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB) })},
+		// F_UNLCK takes no lease; on a directory, without the filter, it fails with EINVAL.
+		{"fcntl(F_SETLEASE)", unix.EPERM, onRoot(func(fd int) error {
+			_, err := unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_UNLCK)
+			return err
+		})},
+		{"fcntl(F_SETLEASE|1<<32)", unix.EPERM, onRoot(func(fd int) error {
+			return rawErr(unix.RawSyscall(unix.SYS_FCNTL, uintptr(fd), unix.F_SETLEASE|1<<32, unix.F_UNLCK))
+		})},
+		{"create /.sbx-readonly-probe", 0, func() error {
+			f, err := os.OpenFile("/.sbx-readonly-probe", os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+			if err == nil {
+				f.Close()
+				_ = os.Remove(f.Name())
+			}
+			return err
+		}},
+		// Opened, never written.
+		{"open /proc/sys/kernel/core_pattern for writing", 0, func() error {
+			f, err := os.OpenFile("/proc/sys/kernel/core_pattern", os.O_WRONLY, 0)
+			if err == nil {
+				f.Close()
+			}
+			return err
+		}},
+		{"new user namespace", 0, probeUserns},
+	}
+}
+
+// probeUserns tries to start a process in a new user namespace (unshare(2) would fail in any Go
+// program: it is multithreaded). The program does not exist, so a child that was made fails to exec
+// with ENOENT and nothing runs; a refused namespace fails the clone itself.
+func probeUserns() error {
+	p, err := os.StartProcess("/nonexistent/sbx-readonly-probe", []string{"sbx-readonly-probe"}, &os.ProcAttr{
+		Sys: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER},
+	})
+	if err == nil { // cannot happen; the namespace was made in any case
+		_ = p.Kill()
+		_, _ = p.Wait()
+		return nil
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // the namespace was made
+	}
+	return err
+}
+
 // probe runs inside the sandbox as the probe; it returns the exit code, 0 only when every check
 // found the sandbox closed.
 func probe(w io.Writer) int {
 	var failed []string
-	check := func(what string, err error) {
-		if !errors.Is(err, unix.EPERM) {
-			failed = append(failed, fmt.Sprintf("%s: got %v, want EPERM", what, errOrNil(err)))
+	for _, c := range probeChecks() {
+		switch err := c.call(); {
+		case c.refused(err):
+		case err == nil:
+			failed = append(failed, fmt.Sprintf("%s: succeeded", c.what))
+		default:
+			failed = append(failed, fmt.Sprintf("%s: got %v, want %v", c.what, err, c.want))
 		}
-	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	closeIfOpen(int(fd), err)
-	check("socket(AF_UNIX)", err)
-	r, _, errno := unix.RawSyscall(unix.SYS_SOCKET, unix.AF_UNIX|1<<32, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	closeIfOpen(int(r), errnoErr(errno))
-	check("socket(AF_UNIX|1<<32)", errnoErr(errno))
-	var params [120]byte // struct io_uring_params
-	r, _, errno = unix.RawSyscall(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&params)), 0)
-	closeIfOpen(int(r), errnoErr(errno))
-	check("io_uring_setup", errnoErr(errno))
-	if f, err := os.OpenFile("/.sbx-readonly-probe", os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err == nil {
-		f.Close()
-		_ = os.Remove(f.Name())
-		failed = append(failed, "/ is writable")
 	}
 	if len(failed) > 0 {
 		fmt.Fprintln(w, "sbx-readonly-probe: "+strings.Join(failed, "; "))
@@ -94,27 +203,4 @@ func probe(w io.Writer) int {
 	}
 	fmt.Fprintln(w, probeOK)
 	return 0
-}
-
-// errnoErr is a raw syscall's errno as an error, nil for none.
-func errnoErr(e unix.Errno) error {
-	if e == 0 {
-		return nil
-	}
-	return e
-}
-
-// errOrNil names a call's outcome for the probe's report.
-func errOrNil(err error) any {
-	if err == nil {
-		return "success"
-	}
-	return err
-}
-
-// closeIfOpen closes what a call that should have failed opened.
-func closeIfOpen(fd int, err error) {
-	if err == nil && fd >= 0 {
-		unix.Close(fd)
-	}
 }

@@ -97,6 +97,12 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 			Pdeathsig: syscall.SIGKILL,
 		},
 	}
+	if spec.Readonly {
+		// bwrap makes its mounts slaves of the namespace it starts in, so a mount made on the host
+		// under a shared mount while the job runs would appear in the sandbox, writable. A private
+		// namespace of its own (Go remounts / rprivate in the child) receives nothing from the host.
+		cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
+	}
 	if c := spec.Credential; c != nil {
 		// v1's prepare moves it into the init step, which drops to it after joining the cgroup.
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}

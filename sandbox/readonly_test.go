@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -15,13 +16,19 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/containerd/cgroups/v3"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sbx-dev/sbx/sandbox/sandboxtest"
+	"golang.org/x/sys/unix"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // TestBwrapArgs holds the readonly argv to testdata/bwrap_args.golden, one argument a line.
 func TestBwrapArgs(t *testing.T) {
-	got := strings.Join(bwrapArgs("/home/dev/app", seccompFD, []string{"/bin/sh", "-c", "git log | head"}), "\n") + "\n"
+	hide := []hidden{{path: "/etc/sbx", dir: true}, {path: "/root/.sbx-token"}}
+	got := strings.Join(bwrapArgs("/home/dev/app", seccompFD, hide, []string{"/bin/sh", "-c", "git log | head"}), "\n") + "\n"
 	golden := filepath.Join("testdata", "bwrap_args.golden")
 	if *update {
 		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
@@ -50,23 +57,6 @@ func requireReadonly(t *testing.T) {
 	}
 }
 
-// buildProbe compiles testdata/probe.c into a temporary directory, which the sandbox can read.
-func buildProbe(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("gcc not installed: the probes are C programs")
-	}
-	src, err := filepath.Abs(filepath.Join("testdata", "probe.c"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "probe")
-	if out, err := exec.Command("gcc", "-O2", "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("gcc: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // readonlyRun runs script readonly in dir with env and returns its exit code and output.
 func readonlyRun(t *testing.T, m *Manager, dir, script string, env ...string) (int, string) {
 	t.Helper()
@@ -81,7 +71,7 @@ func readonlyRun(t *testing.T, m *Manager, dir, script string, env ...string) (i
 // every cgroup version this machine has.
 func TestReadonly(t *testing.T) {
 	requireReadonly(t)
-	probe := buildProbe(t)
+	probe := sandboxtest.Probe(t)
 
 	// A listener on the host's loopback, which the job must not reach.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -104,7 +94,8 @@ func TestReadonly(t *testing.T) {
 
 	// Reading: a file and a git repository.
 	cwd := t.TempDir()
-	if err := os.WriteFile(filepath.Join(cwd, "data.txt"), []byte("content\n"), 0o644); err != nil {
+	data := filepath.Join(cwd, "data.txt")
+	if err := os.WriteFile(data, []byte("content\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	repo := t.TempDir()
@@ -119,6 +110,23 @@ func TestReadonly(t *testing.T) {
 	}
 	t.Setenv("SANDBOX_TEST_SECRET", "leak")
 	i386Native := i386Delivered(t, probe)
+	// A cgroup outside every job, for clone3(CLONE_INTO_CGROUP): the cgroup2 root.
+	v2Root, noV2 := "/sys/fs/cgroup/unified", ""
+	switch cgroups.Mode() {
+	case cgroups.Unified:
+		v2Root = "/sys/fs/cgroup"
+	case cgroups.Legacy:
+		noV2 = "no cgroup2 mount to aim clone3 at"
+	}
+	noPython := ""
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		noPython = "python3 not installed in /usr/bin"
+	}
+	goBin, err := exec.LookPath("go")
+	noGo := ""
+	if err != nil {
+		noGo = "go not on PATH"
+	}
 
 	eachVersion(t, func(t *testing.T, cfg Config) {
 		m, _ := newTestManager(t, cfg)
@@ -147,6 +155,26 @@ func TestReadonly(t *testing.T) {
 			{name: "x32", script: probe + " x32", code: 159, out: "*"},
 			{name: "i386 int 0x80", script: probe + " i386", code: 159, out: "*", skip: i386Native},
 			{name: "descriptors", script: probe + " fds", code: 0, out: "0\n1\n2\n"},
+			{name: "socket AF_VSOCK", script: probe + " vsock", code: 1, out: "errno 1\n"},
+			{name: "socket AF_VSOCK high bits", script: probe + " vsock-high", code: 1, out: "errno 1\n"},
+			{name: "add_key", script: probe + " add_key", code: 1, out: "errno 1\n"},
+			{name: "keyctl", script: probe + " keyctl", code: 1, out: "errno 1\n"},
+			{name: "request_key", script: probe + " request_key", code: 1, out: "errno 1\n"},
+			{name: "flock", script: probe + " flock " + data, code: 1, out: "errno 1\n"},
+			{name: "F_SETLEASE", script: probe + " lease " + data, code: 1, out: "errno 1\n"},
+			{name: "F_SETLEASE high bits", script: probe + " lease-high " + data, code: 1, out: "errno 1\n"},
+			{name: "POSIX read lock", script: probe + " setlk " + data, code: 0, out: "ok\n"},
+			{name: "clone3", script: probe + " clone3", code: 1, out: "errno 38\n"},
+			{name: "clone3 into a host cgroup", script: probe + " clone3-cgroup " + v2Root, code: 1, out: "errno 38\n", skip: noV2},
+			{name: "user namespace", script: probe + " userns", code: 1, out: "*"},
+			{name: "sysctl fs.lease-break-time", script: probe + " open-write /proc/sys/fs/lease-break-time", code: 1, out: "errno 30\n"},
+			{name: "sysctl kernel.core_pattern", script: probe + " open-write /proc/sys/kernel/core_pattern", code: 1, out: "errno 30\n"},
+			// glibc's pthread_create and posix_spawn try clone3 first and fall back to clone on ENOSYS.
+			{name: "python threads and subprocess", script: `python3 -u -c 'import subprocess, threading
+t = threading.Thread(target=print, args=("thread",)); t.start(); t.join()
+subprocess.run(["echo", "child"])'`, code: 0, out: "thread\nchild\n", skip: noPython},
+			{name: "go", script: goBin + " version >/dev/null && echo ran", code: 0, out: "ran\n", skip: noGo},
+			{name: "find and grep", script: "find /etc -maxdepth 1 -name passwd -exec grep -c '^root:' {} +", code: 0, out: "1\n"},
 			{name: "runner env", script: "echo ${SANDBOX_TEST_SECRET:-unset}", code: 0, out: "unset\n"},
 			{name: "cat and ls", dir: cwd, script: "cat data.txt && ls", code: 0, out: "content\ndata.txt\n"},
 			{name: "git log", dir: repo, script: "git log --format=%s", code: 0, out: "first commit\n"},
@@ -261,4 +289,184 @@ func TestProbeReadonly(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestReadonlySharedMount: a mount the host makes while a readonly job runs, under a shared mount the
+// job sees, does not reach the sandbox (bwrap's own mounts are slaves, which would receive it
+// writable), on the cold and warm v1 paths and on v2.
+func TestReadonlySharedMount(t *testing.T) {
+	requireReadonly(t)
+	shared, sub := sandboxtest.SharedMount(t)
+	var configs []Config
+	for _, cfg := range testConfigs(t) {
+		configs = append(configs, cfg)
+		if cfg.Version == "v1" {
+			cold := cfg
+			cold.Warm = -1
+			configs = append(configs, cold)
+		}
+	}
+	for _, cfg := range configs {
+		name := cfg.Version
+		if cfg.Warm < 0 {
+			name += "-cold"
+		}
+		t.Run(name, func(t *testing.T) {
+			m, _ := newTestManager(t, cfg)
+			if m.warm != nil {
+				waitWarm(t, m) // the job takes a warm init step
+			}
+			marker := filepath.Join(shared, "mounted-"+name)
+			spec := sh("ro-shared-"+name, fmt.Sprintf(
+				"echo ready; while [ ! -e %s ]; do sleep 0.02; done; echo x > %s/f && echo wrote; ls %s",
+				marker, sub, sub))
+			spec.Readonly = true
+			p, err := m.Start(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Once the job has said ready its sandbox is set up: a mount made now comes after bwrap's
+			// --ro-bind / /, which would have made it read-only had it been there before.
+			r := bufio.NewReader(p.Output())
+			if line, err := r.ReadString('\n'); line != "ready\n" {
+				p.Kill()
+				t.Fatalf("job said %q, %v", line, err)
+			}
+			if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+				p.Kill()
+				t.Fatalf("mount tmpfs: %v", err)
+			}
+			defer unix.Unmount(sub, unix.MNT_DETACH)
+			if err := os.WriteFile(marker, nil, 0o644); err != nil {
+				p.Kill()
+				t.Fatal(err)
+			}
+			defer os.Remove(marker)
+			out := drain(t, r)
+			if _, err := p.Wait(); err != nil {
+				t.Errorf("Wait: %v", err)
+			}
+			if got := out(); strings.Contains(got, "wrote") {
+				t.Errorf("the job wrote into a tmpfs the host mounted while it ran: %q", got)
+			}
+			if _, err := os.Stat(filepath.Join(sub, "f")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s/f exists on the host (%v)", sub, err)
+			}
+		})
+	}
+}
+
+// TestReadonlyHide: Config.Hide covers a directory (and what is under it), a file and a symlink's
+// target from readonly jobs, skips a path that does not exist, and hides nothing from plain jobs.
+func TestReadonlyHide(t *testing.T) {
+	requireReadonly(t)
+	const secret = "TOPSECRET"
+	secrets, other, linked := t.TempDir(), t.TempDir(), t.TempDir()
+	write := func(path, content string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(secrets, "creds"), secret+"-dir\n")
+	write(filepath.Join(secrets, "sub", "deep"), secret+"-deep\n")
+	token := filepath.Join(other, "token")
+	write(token, secret+"-file\n")
+	write(filepath.Join(linked, "f"), secret+"-linked\n")
+	link := filepath.Join(other, "link")
+	if err := os.Symlink(linked, link); err != nil {
+		t.Fatal(err)
+	}
+	write(filepath.Join(other, "visible"), "shown\n")
+	hide := []string{secrets, filepath.Join(secrets, "sub"), token, link, filepath.Join(other, "missing")}
+	// Each cat but the last fails: a hidden directory is empty, a hidden file cannot be opened (it is
+	// /dev/null on a nodev mount).
+	script := fmt.Sprintf("{ cat %s/creds %s/sub/deep %s %s/f %s/visible; ls -A %s | wc -l; touch %s/x || echo refused; } 2>/dev/null",
+		secrets, secrets, token, linked, other, secrets, secrets)
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		cfg.Hide = hide
+		m, _ := newTestManager(t, cfg)
+		code, out := readonlyRun(t, m, "/", script)
+		if code != 0 || strings.Contains(out, secret) || out != "shown\n0\nrefused\n" {
+			t.Errorf("readonly job: exit code %d, output %q; want %q", code, out, "shown\n0\nrefused\n")
+		}
+		res, out := run(t, m, sh("plain-hide", "cat "+filepath.Join(secrets, "creds")+" "+token))
+		if res.ExitCode != 0 || out != secret+"-dir\n"+secret+"-file\n" {
+			t.Errorf("plain job: exit code %d, output %q; want the secrets", res.ExitCode, out)
+		}
+	})
+}
+
+// TestHideConfig: NewManager refuses a Hide path that is not absolute and clean, or is /.
+func TestHideConfig(t *testing.T) {
+	for _, p := range []string{"", "etc/sbx", "/etc/../sbx", "/etc/sbx/", "/", "/etc//sbx"} {
+		_, err := NewManager(Config{Root: "sbx-test-hide", Hide: []string{"/ok", p}})
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "hide") {
+			t.Errorf("Hide %q: %v, want ErrInvalidConfig naming hide", p, err)
+		}
+	}
+}
+
+// TestReadonlyLimits: a readonly job cannot lift its own memory limit by mounting its cgroup from a
+// user namespace of its own (there it would hold every capability, and it owns the cgroup's files);
+// the limit holds and the usage is accounted, through bwrap's user namespace.
+func TestReadonlyLimits(t *testing.T) {
+	requireReadonly(t)
+	probe := sandboxtest.Probe(t)
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		lift := probe + " cgroup-lift cgroup2 memory.max max"
+		if cfg.Version == "v1" {
+			// memsw first: v1 keeps memory.memsw.limit_in_bytes >= memory.limit_in_bytes.
+			lift = probe + " cgroup-lift memory memory.memsw.limit_in_bytes -1; " + probe + " cgroup-lift memory memory.limit_in_bytes -1"
+		}
+		spec := sh("ro-lift", lift+"; "+probe+" alloc 256")
+		spec.Readonly = true
+		limit := int64(64 << 20)
+		spec.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit, Swap: &limit}}
+		p, err := m.Start(spec)
+		if errors.Is(err, ErrNoController) {
+			t.Skipf("no memory controller: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := drain(t, p.Output())
+		res, err := p.Wait()
+		if err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+		if got := out(); !res.OOMKilled || strings.HasPrefix(got, "ok") {
+			t.Errorf("exit code %d, OOM killed %v, output %q: want the lift refused and the job OOM killed", res.ExitCode, res.OOMKilled, got)
+		}
+		// The usage is accounted as for a plain job: the peak is the limit the job ran into.
+		if res.MemoryPeak < uint64(limit)/2 || res.CPU <= 0 {
+			t.Errorf("usage: peak %d bytes, CPU %v; want about %d bytes and some CPU", res.MemoryPeak, res.CPU, limit)
+		}
+	})
+}
+
+// TestProbeUnsandboxed: outside the sandbox the probe fails and names each check that the host does
+// not refuse by itself, so that a sandbox missing any one rule fails the probe. (ProbeReadonly passing
+// in the sandbox is TestProbeReadonly.)
+func TestProbeUnsandboxed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("as another user than root, / and /proc/sys are not writable anyway")
+	}
+	var out strings.Builder
+	if code := probe(&out); code != 1 {
+		t.Fatalf("probe exit code %d, output %q", code, out.String())
+	}
+	for _, c := range probeChecks() {
+		if err := c.call(); c.refused(err) {
+			t.Logf("%s: this host refuses it by itself (%v)", c.what, err)
+			continue
+		}
+		if !strings.Contains(out.String(), c.what+": ") {
+			t.Errorf("probe output does not name %q: %s", c.what, out.String())
+		}
+	}
 }
