@@ -1,7 +1,6 @@
 package coordinator_test
 
 import (
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,35 +8,15 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
 )
 
 // retentionService is a Service with the retention settings given, applied every 5 ms.
-func retentionService(t *testing.T, clk *clock, age time.Duration, bytes int64) (*coordinator.Service, *store.DB) {
+func retentionService(t *testing.T, clk *clock, age time.Duration, bytes int64) *coordinator.Service {
 	t.Helper()
-	dir := t.TempDir()
-	db, err := store.Open(filepath.Join(dir, "sbx.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	terms, err := store.OpenTerminals(filepath.Join(dir, "terminals"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { terms.Close() })
-	svc, err := coordinator.New(t.Context(), coordinator.Config{
+	return newServiceWith(t, coordinator.Config{
 		Now: clk.Now, RetainAge: age, RetainBytes: bytes, RetentionInterval: 5 * time.Millisecond,
-	}, db, terms, &dispatcher{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return svc, db
+	})
 }
 
 // runJob starts a job and has it print out and exit 0 at the clock's time; it returns its id.
@@ -93,7 +72,7 @@ func present(t *testing.T, svc *coordinator.Service, id string) bool {
 // older notifications; a job still running and a recent one stay.
 func TestRetentionAge(t *testing.T) {
 	clk := &clock{now: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
-	svc, _ := retentionService(t, clk, 24*time.Hour, 1<<30)
+	svc := retentionService(t, clk, 24*time.Hour, 1<<30)
 	old := runJob(t, svc, clk, "old\n")
 	oldPath := filepath.Join(filepath.Dir(mustJob(t, svc, old).OutputPath), old+".txt")
 	res, err := svc.Start(t.Context(), coordinator.StartRequest{Command: "sleep", Cwd: "/"})
@@ -131,7 +110,7 @@ func TestRetentionAge(t *testing.T) {
 // TestRetentionBytes: past RetainBytes the oldest ended jobs go first, until what is kept fits.
 func TestRetentionBytes(t *testing.T) {
 	clk := &clock{now: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
-	svc, _ := retentionService(t, clk, 24*time.Hour, 10)
+	svc := retentionService(t, clk, 24*time.Hour, 10)
 	a := runJob(t, svc, clk, "aaaaaa")
 	clk.advance(time.Millisecond)
 	b := runJob(t, svc, clk, "bbbbbb")

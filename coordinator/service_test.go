@@ -49,6 +49,12 @@ func (c *clock) advance(d time.Duration) {
 
 func newService(t *testing.T, clk *clock) *coordinator.Service {
 	t.Helper()
+	return newServiceWith(t, coordinator.Config{Now: clk.Now, CheckInterval: 5 * time.Millisecond})
+}
+
+// newServiceWith runs a Service with cfg on a fresh store until the test ends.
+func newServiceWith(t *testing.T, cfg coordinator.Config) *coordinator.Service {
+	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(filepath.Join(dir, "sbx.db"))
 	if err != nil {
@@ -60,7 +66,7 @@ func newService(t *testing.T, clk *clock) *coordinator.Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { terms.Close() })
-	svc, err := coordinator.New(t.Context(), coordinator.Config{Now: clk.Now, CheckInterval: 5 * time.Millisecond}, db, terms, &dispatcher{})
+	svc, err := coordinator.New(t.Context(), cfg, db, terms, &dispatcher{})
 	if err != nil {
 		t.Fatal(err)
 	}
