@@ -26,6 +26,8 @@ const finalPublishWindow = 10 * time.Second
 // job is one job this runner took.
 type job struct {
 	id string
+	// claim is the work's claim token, echoed in every event and chunk of the job.
+	claim string
 
 	mu     sync.Mutex
 	proc   *sandbox.Process // nil until started
@@ -71,13 +73,13 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log := r.cfg.Logger.With("job", w.JobID)
-	j := &job{id: w.JobID}
+	j := &job{id: w.JobID, claim: w.Claim}
 	r.mu.Lock()
 	r.jobs[j.id] = j
 	r.mu.Unlock()
 	defer r.forget(j.id)
 
-	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventAccepted, JobID: j.id}); err != nil {
+	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventAccepted, JobID: j.id, Claim: j.claim}); err != nil {
 		log.Warn("announce job", "err", err)
 		_ = msg.Nak()
 		return
@@ -94,13 +96,13 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	stoppedEarly := j.reason
 	j.mu.Unlock()
 	if stoppedEarly != "" {
-		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Reason: stoppedEarly, Error: j.why})
+		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: stoppedEarly, Error: j.why})
 		return
 	}
 	proc, err := r.start(w)
 	if err != nil {
 		log.Warn("start job", "err", err)
-		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Reason: proto.ReasonStartFailed, Error: err.Error()})
+		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: proto.ReasonStartFailed, Error: err.Error()})
 		return
 	}
 	j.mu.Lock()
@@ -125,7 +127,7 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		}
 		waited <- res
 	}()
-	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Pid: proc.Pid()})
+	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Claim: j.claim, Pid: proc.Pid()})
 	written := r.pump(ctx, j, proc, started, w.Limits.OutputBytes, log)
 	res := <-waited
 
@@ -143,7 +145,7 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	}
 	code := res.ExitCode
 	r.publishEnd(ctx, final, &proto.Event{
-		Kind: proto.EventExited, JobID: j.id, ExitCode: &code, Signal: res.Signal, Reason: reason, Error: why,
+		Kind: proto.EventExited, JobID: j.id, Claim: j.claim, ExitCode: &code, Signal: res.Signal, Reason: reason, Error: why,
 		OutputBytes: written,
 		Usage:       &proto.Usage{CPUMS: res.CPU.Milliseconds(), MemoryPeakBytes: res.MemoryPeak},
 	})
@@ -296,7 +298,7 @@ func (r *Runner) publishEvent(ctx context.Context, e *proto.Event) error {
 // eventMsg stamps a state event and makes its message, de-duplicated by job and kind.
 func (r *Runner) eventMsg(e *proto.Event) *nats.Msg {
 	e.V, e.Runner, e.Time = proto.Version, r.cfg.ID, time.Now()
-	msg := &nats.Msg{Subject: proto.StateSubject(e.JobID), Data: proto.Encode(e), Header: nats.Header{}}
+	msg := &nats.Msg{Subject: proto.StateSubject(r.cfg.ID, e.JobID), Data: proto.Encode(e), Header: nats.Header{}}
 	msg.Header.Set(proto.HeaderMsgID, e.MsgID())
 	return msg
 }

@@ -45,8 +45,8 @@ func (r *Runner) pump(ctx context.Context, j *job, proc *sandbox.Process, starte
 			j.stop(proto.ReasonOutputLimit, fmt.Sprintf("the output reached its limit of %d bytes", limit))
 		}
 		if len(data) > 0 {
-			c := &proto.Chunk{JobID: j.id, Offset: off, Data: append([]byte(nil), data...)}
-			if !pub.send(&nats.Msg{Subject: proto.OutputSubject(j.id), Data: c.Data, Header: nats.Header(c.Headers())}) {
+			c := &proto.Chunk{JobID: j.id, Claim: j.claim, Offset: off, Data: append([]byte(nil), data...)}
+			if !pub.send(&nats.Msg{Subject: proto.OutputSubject(r.cfg.ID, j.id), Data: c.Data, Header: nats.Header(c.Headers())}) {
 				j.stop(proto.ReasonKilled, "the runner could not publish the output")
 			}
 			off += int64(len(data))

@@ -208,21 +208,31 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.readonly.ok {
 		caps = append(caps, proto.CapReadonly)
 	}
+	// Heartbeats go first: the coordinator creates the work consumers of a pool when it hears of a
+	// runner of that pool, and the runner binds to them.
+	var loops sync.WaitGroup
+	hctx, stopHeartbeat := context.WithCancel(ctx)
+	loops.Add(1)
+	go func() { defer loops.Done(); r.heartbeat(hctx) }()
 	var consumers []jetstream.Consumer
 	for _, c := range caps {
 		cons, err := r.consumer(ctx, c)
 		if err != nil {
+			stopHeartbeat()
+			loops.Wait()
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 		consumers = append(consumers, cons)
 	}
-	var loops sync.WaitGroup
-	loops.Add(1 + len(consumers))
-	go func() { defer loops.Done(); r.heartbeat(ctx) }()
+	loops.Add(len(consumers))
 	for _, cons := range consumers {
 		go func() { defer loops.Done(); r.take(ctx, cons) }()
 	}
 	<-ctx.Done()
+	stopHeartbeat()
 	loops.Wait()
 
 	r.mu.Lock()
@@ -235,24 +245,19 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // consumer binds to the pool's shared work consumer for a capability, waiting for the coordinator to
-// create the work stream.
+// create it: a runner may bind to a work consumer and pull from it, but not create, change or delete
+// one (see docs/security.md).
 func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Consumer, error) {
-	cfg := jetstream.ConsumerConfig{
-		Durable:       proto.WorkConsumer(r.cfg.Pool, capability),
-		FilterSubject: proto.WorkSubject(r.cfg.Pool, capability),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxDeliver:    -1,
-	}
+	name := proto.WorkConsumer(r.cfg.Pool, capability)
 	for {
-		cons, err := r.js.CreateOrUpdateConsumer(ctx, proto.WorkStream, cfg)
+		cons, err := r.js.Consumer(ctx, proto.WorkStream, name)
 		if err == nil {
 			return cons, nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, fmt.Errorf("bind work consumer: %w", err)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("bind work consumer %s: %w", name, err)
 		}
-		r.cfg.Logger.Info("waiting for the coordinator to create the work stream")
+		r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
 		select {
 		case <-time.After(time.Second):
 		case <-ctx.Done():

@@ -126,7 +126,7 @@ func (h *harness) event(e *proto.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	if err := h.svc.HandleEvent(context.Background(), e); err != nil {
+	if err := h.svc.HandleEvent(context.Background(), claimed(h.svc, e)); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -140,7 +140,7 @@ func (h *harness) begin(id string) {
 // output appends data at offset.
 func (h *harness) output(id string, offset int64, data string) {
 	h.t.Helper()
-	if err := h.svc.HandleChunk(context.Background(), &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)}); err != nil {
+	if err := h.svc.HandleChunk(context.Background(), claimedChunk(h.svc, &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -520,4 +520,23 @@ func TestServe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// claimed fills in the claim of e's job, as its runner would: it learnt it from the work.
+func claimed(svc *coordinator.Service, e *proto.Event) *proto.Event {
+	if j, err := svc.Job(context.Background(), e.JobID); err == nil {
+		e.Claim = j.Claim
+	}
+	return e
+}
+
+// claimedChunk fills in the claim of c's job and, when unset, runner r1, as a runner's chunk has them.
+func claimedChunk(svc *coordinator.Service, c *proto.Chunk) *proto.Chunk {
+	if j, err := svc.Job(context.Background(), c.JobID); err == nil {
+		c.Claim = j.Claim
+	}
+	if c.Runner == "" {
+		c.Runner = "r1"
+	}
+	return c
 }
