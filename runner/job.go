@@ -235,15 +235,32 @@ func (r *Runner) readonlyEnv(extra map[string]string) []string {
 	return overlay(base, extra)
 }
 
-// environ is the runner's environment without SBX_* variables, overlaid with the job's own.
+// environ is the runner's environment without what is the runner's own (see inherited), overlaid
+// with the job's own.
 func (r *Runner) environ(extra map[string]string) []string {
 	env := make([]string, 0, len(r.cfg.Environ))
 	for _, kv := range r.cfg.Environ {
-		if k, _, _ := strings.Cut(kv, "="); !strings.HasPrefix(k, "SBX_") {
+		if r.inherited(kv) {
 			env = append(env, kv)
 		}
 	}
 	return overlay(env, extra)
+}
+
+// inherited reports whether a plain job may inherit a variable of the runner's environment: not
+// sbx's own (SBX_*), not NATS's (NATS_*: a URL with a password, a creds path), and not one whose value
+// names one of the runner's Secrets.
+func (r *Runner) inherited(kv string) bool {
+	k, v, _ := strings.Cut(kv, "=")
+	if strings.HasPrefix(k, "SBX_") || strings.HasPrefix(k, "NATS_") {
+		return false
+	}
+	for _, s := range r.cfg.Secrets {
+		if strings.Contains(v, s) {
+			return false
+		}
+	}
+	return true
 }
 
 // overlay is base without the variables extra names, then extra's in key order.

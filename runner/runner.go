@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,9 +49,15 @@ type Config struct {
 	Labels map[string]string
 	// Version is reported in heartbeats.
 	Version string
-	// Environ is the environment plain jobs inherit (default os.Environ()); variables named SBX_*
-	// never reach a job. Readonly jobs get only its PATH, HOME, LANG and TERM (see readonlyEnv).
+	// Environ is the environment plain jobs inherit (default os.Environ()); variables named SBX_* or
+	// NATS_*, and any whose value names a Secrets path, never reach a job. Readonly jobs get only its
+	// PATH, HOME, LANG and TERM (see readonlyEnv).
 	Environ []string
+	// Secrets are the absolute paths of what the runner holds and jobs must not: its NATS
+	// credentials, a token file, a data dir. A plain job's environment loses the variables that name
+	// one; readonly jobs do not see them at all (they are added to Cgroup.Hide). A plain job running
+	// as root can still read any file: run jobs as another user (--user) to keep them out.
+	Secrets []string
 	// HeartbeatInterval is the time between heartbeats (2 s).
 	HeartbeatInterval time.Duration
 	// Coalesce is how long output is gathered into one chunk after its first byte (2 ms).
@@ -60,18 +67,28 @@ type Config struct {
 	Logger        *slog.Logger
 }
 
+// DefaultID is a runner's id when none is given: the host name, with every character that cannot be
+// in a subject token replaced by '-'.
+func DefaultID() (string, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("runner id: %w", err)
+	}
+	return strings.Map(func(r rune) rune {
+		if proto.ValidToken(string(r)) {
+			return r
+		}
+		return '-'
+	}, host), nil
+}
+
 func (c *Config) setDefaults() error {
 	if c.ID == "" {
-		host, err := os.Hostname()
+		id, err := DefaultID()
 		if err != nil {
-			return fmt.Errorf("runner id: %w", err)
+			return err
 		}
-		c.ID = strings.Map(func(r rune) rune {
-			if proto.ValidToken(string(r)) {
-				return r
-			}
-			return '-'
-		}, host)
+		c.ID = id
 	}
 	if !proto.ValidToken(c.ID) {
 		return fmt.Errorf("runner id %q must be 1-64 characters of letters, digits, '_' and '-'", c.ID)
@@ -160,6 +177,7 @@ func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 		cfg.Cgroup.Root = "sbx"
 	}
 	cfg.Cgroup.Root += "/" + cfg.ID
+	cfg.Cgroup.Hide = append(slices.Clone(cfg.Cgroup.Hide), cfg.Secrets...)
 	mgr, err := sandbox.NewManager(cfg.Cgroup)
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
