@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -272,8 +273,8 @@ func TestSeparateStderr(t *testing.T) {
 	all := h.out(id)
 	h.mu.Lock()
 	var stdout, stderr string
-	for off, data := range h.output[id] {
-		if h.stderr[id][off] {
+	for _, off := range slices.Sorted(maps.Keys(h.output[id])) {
+		if data := h.output[id][off]; h.stderr[id][off] {
 			stderr += string(data)
 		} else {
 			stdout += string(data)
