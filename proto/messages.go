@@ -100,6 +100,9 @@ type Work struct {
 	Linger bool `json:"linger,omitempty"`
 	// Stdin gives the job a pipe as its standard input, written through OpStdin; else /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
+	// SeparateStderr reads standard error apart from standard output and marks its chunks (a
+	// monitor's events are stdout lines only); both still go into the one output, in read order.
+	SeparateStderr bool `json:"separate_stderr,omitempty"`
 }
 
 // Shells a job may ask for.
@@ -308,15 +311,23 @@ type Chunk struct {
 	JobID  string
 	Offset int64
 	Data   []byte
+	// Stderr marks bytes read from standard error's own pipe (Work.SeparateStderr); otherwise the
+	// chunk is stdout, or both interleaved.
+	Stderr bool
 }
 
-// Headers returns the NATS headers of the chunk: its offset and its de-duplication id.
+// Headers returns the NATS headers of the chunk: its offset, its de-duplication id and, for
+// standard error's bytes, its stream.
 func (c *Chunk) Headers() map[string][]string {
 	off := strconv.FormatInt(c.Offset, 10)
-	return map[string][]string{
+	h := map[string][]string{
 		HeaderOffset: {off},
 		HeaderMsgID:  {c.JobID + ":o:" + off},
 	}
+	if c.Stderr {
+		h[HeaderStream] = []string{StreamStderr}
+	}
+	return h
 }
 
 // DecodeChunk validates a chunk from its subject, headers and payload. The payload is not copied.
@@ -336,7 +347,14 @@ func DecodeChunk(subject string, headers map[string][]string, data []byte) (*Chu
 	if len(data) == 0 || len(data) > MaxChunkBytes {
 		return nil, invalid("chunk of %d bytes, want 1..%d", len(data), MaxChunkBytes)
 	}
-	return &Chunk{JobID: job, Offset: offset, Data: data}, nil
+	var stderr bool
+	if v := headers[HeaderStream]; len(v) > 0 {
+		if v[0] != StreamStderr {
+			return nil, invalid("chunk stream %q is not %q", v[0], StreamStderr)
+		}
+		stderr = true
+	}
+	return &Chunk{JobID: job, Offset: offset, Data: data, Stderr: stderr}, nil
 }
 
 // Control operations.
