@@ -104,6 +104,9 @@ type Work struct {
 	// work learns: the runner echoes it in every event and chunk, so that another runner cannot
 	// forge them (see ValidClaim).
 	Claim string `json:"claim"`
+	// SeparateStderr reads standard error apart from standard output and marks its chunks (a
+	// monitor's events are stdout lines only); both still go into the one output, in read order.
+	SeparateStderr bool `json:"separate_stderr,omitempty"`
 }
 
 // Shells a job may ask for.
@@ -333,17 +336,24 @@ type Chunk struct {
 	Claim  string
 	Offset int64
 	Data   []byte
+	// Stderr marks bytes read from standard error's own pipe (Work.SeparateStderr); otherwise the
+	// chunk is stdout, or both interleaved.
+	Stderr bool
 }
 
-// Headers returns the NATS headers of the chunk: its offset, its claim and its de-duplication id
-// (which holds the claim, as Event.MsgID does).
+// Headers returns the NATS headers of the chunk: its offset, its claim, its de-duplication id (which
+// holds the claim, as Event.MsgID does) and, for standard error's bytes, its stream.
 func (c *Chunk) Headers() map[string][]string {
 	off := strconv.FormatInt(c.Offset, 10)
-	return map[string][]string{
+	h := map[string][]string{
 		HeaderOffset: {off},
 		HeaderClaim:  {c.Claim},
 		HeaderMsgID:  {c.JobID + ":" + c.Claim + ":o:" + off},
 	}
+	if c.Stderr {
+		h[HeaderStream] = []string{StreamStderr}
+	}
+	return h
 }
 
 // DecodeChunk validates a chunk from its subject, headers and payload. The payload is not copied.
@@ -370,7 +380,14 @@ func DecodeChunk(subject string, headers map[string][]string, data []byte) (*Chu
 	if len(data) == 0 || len(data) > MaxChunkBytes {
 		return nil, invalid("chunk of %d bytes, want 1..%d", len(data), MaxChunkBytes)
 	}
-	return &Chunk{Runner: runnerID, JobID: job, Claim: claim, Offset: offset, Data: data}, nil
+	var stderr bool
+	if v := headers[HeaderStream]; len(v) > 0 {
+		if v[0] != StreamStderr {
+			return nil, invalid("chunk stream %q is not %q", v[0], StreamStderr)
+		}
+		stderr = true
+	}
+	return &Chunk{Runner: runnerID, JobID: job, Claim: claim, Offset: offset, Data: data, Stderr: stderr}, nil
 }
 
 // Control operations.

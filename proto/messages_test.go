@@ -125,6 +125,18 @@ func TestChunkRoundTrip(t *testing.T) {
 	if _, err := DecodeChunk(StateSubject("r1", "j1"), c.Headers(), c.Data); err == nil {
 		t.Fatal("a chunk on a state subject accepted")
 	}
+	if got.Stderr {
+		t.Fatal("a stdout chunk decoded as stderr")
+	}
+	e := Chunk{JobID: "j1", Claim: testClaim, Offset: 3, Data: []byte("oops"), Stderr: true}
+	if got, err := DecodeChunk(OutputSubject("r1", "j1"), e.Headers(), e.Data); err != nil || !got.Stderr {
+		t.Fatalf("stderr chunk = %+v, %v", got, err)
+	}
+	h = e.Headers()
+	h[HeaderStream] = []string{"stdin"}
+	if _, err := DecodeChunk(OutputSubject("r1", "j1"), h, e.Data); err == nil {
+		t.Fatal("an unknown stream accepted")
+	}
 }
 
 func TestControlValidate(t *testing.T) {

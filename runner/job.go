@@ -182,16 +182,17 @@ func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
 		return nil, err
 	}
 	return r.mgr.Start(sandbox.Spec{
-		Credential: cred,
-		Linger:     w.Linger,
-		Stdin:      w.Stdin,
-		ID:         w.JobID,
-		Path:       shell,
-		Args:       []string{filepath.Base(shell), "-c", w.Command},
-		Dir:        w.Cwd,
-		Env:        env,
-		Resources:  resources(w.Limits),
-		Readonly:   w.Readonly,
+		Credential:     cred,
+		Linger:         w.Linger,
+		Stdin:          w.Stdin,
+		SeparateStderr: w.SeparateStderr,
+		ID:             w.JobID,
+		Path:           shell,
+		Args:           []string{filepath.Base(shell), "-c", w.Command},
+		Dir:            w.Cwd,
+		Env:            env,
+		Resources:      resources(w.Limits),
+		Readonly:       w.Readonly,
 	})
 }
 
