@@ -173,8 +173,9 @@ func (n *natsFlags) runnerIDFromCreds(id string) (string, error) {
 	return id, nil
 }
 
-// inProcess returns the options of an in-process connection of `sbx serve` as the user of creds.
-func inProcess(creds []byte) (nats.Option, error) {
+// credsOption returns the option that connects as the user of creds held in memory: serve's
+// in-process connections, an enrolled runner.
+func credsOption(creds []byte) (nats.Option, error) {
 	token, seed, err := natsauth.Split(creds)
 	if err != nil {
 		return nil, err

@@ -131,12 +131,22 @@ func TestFleetNATSAuth(t *testing.T) {
 		t.Fatalf("a coordinator without creds: %v, want an authorization error", err)
 	}
 
+	secret := func(name, value string) string {
+		path := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(path, []byte(value+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	token, enrollKey := secret("token", "api-token"), secret("enroll", "enroll-key")
+
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{first: make(chan string, 1)}
 	ended := make(chan error, 1)
 	go func() {
 		ended <- run(ctx, []string{"coordinator", "--nats", ns.ClientURL(), "--nats-creds", filepath.Join(dir, natsauth.CoordinatorCredsFile),
-			"--listen", "127.0.0.1:0", "--data", t.TempDir()}, os.Getenv, out, io.Discard)
+			"--listen", "127.0.0.1:0", "--data", t.TempDir(), "--token-file", token,
+			"--enroll-key", enrollKey, "--nats-account-key", filepath.Join(dir, natsauth.AccountSeedFile)}, os.Getenv, out, io.Discard)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -155,7 +165,7 @@ func TestFleetNATSAuth(t *testing.T) {
 		t.Fatal("coordinator did not start")
 	}
 	startRunner(t, "--nats", ns.ClientURL(), "--nats-creds", runnerCreds, "--cgroup-root", testCgroupRoot("sbx-cmd-test-fleet"))
-	c := client.New(addr, "")
+	c := client.New(addr, "api-token")
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if rs, err := c.Runners(t.Context()); err == nil && len(rs) == 1 && rs[0].ID == "r1" {
 			break
@@ -165,6 +175,18 @@ func TestFleetNATSAuth(t *testing.T) {
 		}
 	}
 	if out := runJob(t, c, "", "echo fleet"); out != "fleet\n" {
+		t.Fatalf("output %q", out)
+	}
+
+	// A runner of unknown id enrolls with the enroll key (not the API token) and runs work.
+	wrongKey := secret("wrong", "not-the-key")
+	if _, err := cli(t, nil, "runner", "--nats", ns.ClientURL(), "--enroll", addr, "--enroll-key-file", wrongKey, "--id", "r2"); err == nil ||
+		!strings.Contains(err.Error(), "enroll key") {
+		t.Fatalf("a runner with a wrong enroll key: %v, want refused", err)
+	}
+	startRunner(t, "--nats", ns.ClientURL(), "--enroll", addr, "--enroll-key-file", enrollKey, "--id", "r2", "--pool", "enrolled",
+		"--cgroup-root", testCgroupRoot("sbx-cmd-test-enrolled"))
+	if out := runJob(t, c, "enrolled", "echo enrolled"); out != "enrolled\n" {
 		t.Fatalf("output %q", out)
 	}
 }

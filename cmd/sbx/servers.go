@@ -256,11 +256,11 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return usageError("--id: %v", err)
 	}
-	coordUser, err := inProcess(coordCreds)
+	coordUser, err := credsOption(coordCreds)
 	if err != nil {
 		return err
 	}
-	runnerUser, err := inProcess(runnerCreds)
+	runnerUser, err := credsOption(runnerCreds)
 	if err != nil {
 		return err
 	}
@@ -314,11 +314,16 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 	var nf natsFlags
 	cf.register(fs, getenv)
 	nf.register(fs)
+	enrollKey := fs.String("enroll-key", "", "file (mode 0600) holding the enroll key: enables POST /v1/enroll, which gives runners holding the key creds for the id they ask (needs --nats-account-key)")
+	accountKey := fs.String("nats-account-key", "", "the account key (account.nk of `sbx auth init`) that signs enrolled runners' creds")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if nf.url == "" {
 		return usageError("coordinator: --nats URL is required")
+	}
+	if (*enrollKey == "") != (*accountKey == "") {
+		return usageError("--enroll-key and --nats-account-key go together")
 	}
 	opts, err := nf.options("")
 	if err != nil {
@@ -330,6 +335,18 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		return err
 	}
 	defer api.ln.Close()
+	if *enrollKey != "" {
+		key, err := readToken(*enrollKey)
+		if err != nil {
+			return fmt.Errorf("--enroll-key: %w", err)
+		}
+		auth, err := natsauth.LoadAccountKey(*accountKey)
+		if err != nil {
+			return fmt.Errorf("--nats-account-key: %w", err)
+		}
+		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: &enroller{key: key, auth: auth, log: log}}
+		api.cfg.OwnCredential = []string{enrollPath}
+	}
 	nc, err := connect(log, "sbx-coordinator", nf.url, opts...)
 	if err != nil {
 		return err
@@ -348,11 +365,19 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	var nf natsFlags
 	rf.register(fs)
 	nf.register(fs)
+	enrollURL := fs.String("enroll", "", "coordinator URL to get this runner's NATS creds from (POST /v1/enroll) when --nats-creds is not given")
+	enrollKeyFile := fs.String("enroll-key-file", "", "file (mode 0600) holding the coordinator's enroll key, for --enroll")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if nf.url == "" {
 		return usageError("runner: --nats URL is required")
+	}
+	if (*enrollURL == "") != (*enrollKeyFile == "") {
+		return usageError("--enroll and --enroll-key-file go together")
+	}
+	if *enrollURL != "" && nf.creds != "" {
+		return usageError("--enroll is for a runner without --nats-creds")
 	}
 	var err error
 	if rf.id, err = nf.runnerIDFromCreds(rf.id); err != nil {
@@ -367,7 +392,23 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if err != nil {
 		return err
 	}
-	secrets, err := absPaths(nf.creds, nf.tlsKey)
+	if *enrollURL != "" {
+		key, err := readToken(*enrollKeyFile)
+		if err != nil {
+			return fmt.Errorf("--enroll-key-file: %w", err)
+		}
+		creds, err := enroll(ctx, *enrollURL, key, rf.id)
+		if err != nil {
+			return err
+		}
+		// The creds stay in memory: nothing on disk for a job to find.
+		user, err := credsOption(creds)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, user)
+	}
+	secrets, err := absPaths(nf.creds, nf.tlsKey, *enrollKeyFile)
 	if err != nil {
 		return err
 	}
@@ -447,6 +488,9 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log})
 	defer mcpHTTP.close()
 	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
+	for pattern, h := range api.cfg.Handlers {
+		cfg.Handlers[pattern] = h
+	}
 	srv := httpapi.NewServer(svc, cfg)
 	mcpHTTP.API = srv.Handler()
 

@@ -80,10 +80,16 @@ func Open(dir string) (*Authority, error) {
 
 // LoadAccount loads only the account key of dir: enough to mint users.
 func LoadAccount(dir string) (*Authority, error) {
-	kp, err := loadSeed(filepath.Join(dir, AccountSeedFile), nkeys.PrefixByteAccount)
+	a, err := LoadAccountKey(filepath.Join(dir, AccountSeedFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w in %s (run `sbx auth init --dir %s` first)", ErrNoAuthority, dir, dir)
 	}
+	return a, err
+}
+
+// LoadAccountKey loads the account key from its seed file (AccountSeedFile of an authority).
+func LoadAccountKey(path string) (*Authority, error) {
+	kp, err := loadSeed(path, nkeys.PrefixByteAccount)
 	if err != nil {
 		return nil, err
 	}
