@@ -190,3 +190,25 @@ func TestFleetNATSAuth(t *testing.T) {
 		t.Fatalf("output %q", out)
 	}
 }
+
+// TestServeNATSTLS: sbx serve's embedded NATS serves TLS (its own runner still works in-process); a
+// runner joins with --nats-ca, and one without the CA is refused.
+func TestServeNATSTLS(t *testing.T) {
+	cert, key := selfSigned(t, t.TempDir())
+	s := startServe(t, "--nats-tls-cert", cert, "--nats-tls-key", key)
+	if out := runJob(t, s.c, "", "echo local"); out != "local\n" {
+		t.Fatalf("output %q", out)
+	}
+	creds := filepath.Join(t.TempDir(), "tls.creds")
+	if _, err := s.sbx(t, "auth", "runner", "--data", s.data, "--id", "tls", "--out", creds); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.sbx(t, "runner", "--nats", s.nats, "--nats-creds", creds, "--pool", "tls"); err == nil ||
+		!strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a runner without the CA: %v, want a certificate error", err)
+	}
+	startRunner(t, "--nats", s.nats, "--nats-creds", creds, "--nats-ca", cert, "--pool", "tls", "--cgroup-root", testCgroupRoot("sbx-cmd-test-tls"))
+	if out := runJob(t, s.c, "tls", "echo over tls"); out != "over tls\n" {
+		t.Fatalf("output %q", out)
+	}
+}
