@@ -404,10 +404,22 @@ func TestMetrics(t *testing.T) {
 		`sbx_http_requests_total{code="201"} 1` + "\n",
 		`sbx_http_requests_total{code="404"} 1` + "\n",
 		"# TYPE sbx_http_requests_total counter\n",
+		`sbx_forged_events_total{kind="output"} 0` + "\n",
 	} {
 		if !strings.Contains(string(r.body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, r.body)
 		}
+	}
+
+	// Output with a wrong claim is refused and counted.
+	h.startOnly()
+	id := h.start(map[string]any{"command": "sleep 100"}).Job.ID
+	forged := &proto.Chunk{Runner: "r1", JobID: id, Claim: "0000000000000000", Offset: 0, Data: []byte("forged")}
+	if err := h.svc.HandleChunk(t.Context(), forged); !errors.Is(err, coordinator.ErrForged) {
+		t.Fatalf("a chunk with a wrong claim: %v, want ErrForged", err)
+	}
+	if r := h.get("/metrics"); !strings.Contains(string(r.body), `sbx_forged_events_total{kind="output"} 1`+"\n") {
+		t.Errorf("the forged chunk is not counted:\n%s", r.body)
 	}
 }
 
