@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -218,6 +219,21 @@ func TestRunnerPermissions(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the runner's heartbeat did not arrive")
+	}
+
+	// It answers control requests and micro discovery: replies to requests it got are allowed.
+	svc, err := micro.AddService(rc, micro.Config{Name: proto.ServiceName, Version: "1.0.0", Endpoint: &micro.EndpointConfig{
+		Subject: proto.ControlSubject("r1"), Handler: micro.HandlerFunc(func(req micro.Request) { _ = req.Respond([]byte("ok")) }),
+	}})
+	if err != nil {
+		t.Fatalf("the runner cannot register its service: %v", err)
+	}
+	defer svc.Stop()
+	if m, err := coord.Request(proto.ControlSubject("r1"), []byte("ping"), 5*time.Second); err != nil || string(m.Data) != "ok" {
+		t.Fatalf("control request: %v", err)
+	}
+	if _, err := coord.Request("$SRV.PING."+proto.ServiceName, nil, 5*time.Second); err != nil {
+		t.Fatalf("micro ping: %v", err)
 	}
 
 	// What it must not do.
