@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -107,6 +108,27 @@ type Work struct {
 	// SeparateStderr reads standard error apart from standard output and marks its chunks (a
 	// monitor's events are stdout lines only); both still go into the one output, in read order.
 	SeparateStderr bool `json:"separate_stderr,omitempty"`
+	// Source, instead of Command, makes the job's output the messages of a WebSocket the runner
+	// reads; the job runs no process.
+	Source *Source `json:"source,omitempty"`
+}
+
+// Source is where a job's output comes from when it runs no command.
+type Source struct {
+	// WS is a ws:// or wss:// URL; each message received is one or more output lines.
+	WS string `json:"ws"`
+}
+
+// Validate checks the source's URL.
+func (s *Source) Validate() error {
+	if len(s.WS) > MaxPathBytes {
+		return invalid("source.ws is %d bytes, at most %d", len(s.WS), MaxPathBytes)
+	}
+	u, err := url.Parse(s.WS)
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+		return invalid("source.ws %q must be a ws:// or wss:// URL", s.WS)
+	}
+	return nil
 }
 
 // Shells a job may ask for.
@@ -129,7 +151,18 @@ func (w *Work) Validate() error {
 	if !ValidClaim(w.Claim) {
 		return invalid("claim must be %d..64 characters of [A-Za-z0-9_-]", MinClaimBytes)
 	}
-	if w.Command == "" || len(w.Command) > MaxCommandBytes {
+	switch {
+	case w.Source != nil:
+		if w.Command != "" {
+			return invalid("a job has a command or a source, not both")
+		}
+		if w.Readonly {
+			return invalid("a readonly job has no network: it cannot have a source")
+		}
+		if err := w.Source.Validate(); err != nil {
+			return err
+		}
+	case w.Command == "" || len(w.Command) > MaxCommandBytes:
 		return invalid("command must be 1..%d bytes", MaxCommandBytes)
 	}
 	if len(w.Cwd) == 0 || w.Cwd[0] != '/' || len(w.Cwd) > MaxPathBytes {
@@ -280,8 +313,9 @@ func (e *Event) Validate() error {
 	switch e.Kind {
 	case EventAccepted:
 	case EventStarted:
-		if e.Pid <= 0 {
-			return invalid("started event needs a pid, got %d", e.Pid)
+		// 0: the job has no process of its own (a WebSocket source).
+		if e.Pid < 0 {
+			return invalid("started event has pid %d", e.Pid)
 		}
 	case EventExited:
 		if !reasons[e.Reason] {

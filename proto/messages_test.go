@@ -27,6 +27,11 @@ func TestWorkRoundTrip(t *testing.T) {
 	if got.JobID != w.JobID || got.Env["A"] != "b" || got.Limits.Pids != 40 || got.User != w.User {
 		t.Fatalf("round trip changed the message: %+v", got)
 	}
+	w = validWork()
+	w.Command, w.Source = "", &Source{WS: "wss://example.com:8443/events?x=1"}
+	if got, err = DecodeWork(Encode(&w)); err != nil || got.Source == nil || got.Source.WS != w.Source.WS {
+		t.Fatalf("source work: %+v, %v", got, err)
+	}
 }
 
 func TestDecodeWorkRejects(t *testing.T) {
@@ -52,6 +57,10 @@ func TestDecodeWorkRejects(t *testing.T) {
 		{"user with colon", func(w *Work) { w.User = "a:b" }, "user"},
 		{"user starting with -", func(w *Work) { w.User = "-r" }, "user"},
 		{"long user", func(w *Work) { w.User = strings.Repeat("u", MaxUserBytes+1) }, "user"},
+		{"command and source", func(w *Work) { w.Source = &Source{WS: "ws://h/x"} }, "not both"},
+		{"http source", func(w *Work) { w.Command, w.Source = "", &Source{WS: "http://h/x"} }, "source.ws"},
+		{"source without host", func(w *Work) { w.Command, w.Source = "", &Source{WS: "ws:///x"} }, "source.ws"},
+		{"readonly source", func(w *Work) { w.Command, w.Readonly, w.Source = "", true, &Source{WS: "ws://h/x"} }, "readonly"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -80,7 +89,8 @@ func TestEventValidate(t *testing.T) {
 	}{
 		{"accepted", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Claim: testClaim, Time: now}, true},
 		{"started", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Pid: 7}, true},
-		{"started without pid", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now}, false},
+		{"started without a process", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now}, true},
+		{"started with a negative pid", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Pid: -1}, false},
 		{"exited", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, ExitCode: &code, Reason: ReasonExit}, true},
 		{"exited without code", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonExit}, false},
 		{"killed before start", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonKilled}, true},

@@ -30,8 +30,8 @@ type job struct {
 	claim string
 
 	mu     sync.Mutex
-	proc   *sandbox.Process // nil until started
-	reason string           // why the runner stopped it; "" while it was not stopped
+	proc   process // nil until started
+	reason string  // why the runner stopped it; "" while it was not stopped
 	why    string
 
 	// inMu serialises writes to the job's input; inClosed is set once it is closed.
@@ -151,11 +151,18 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	})
 }
 
-// start starts the job's shell in its cgroup. A readonly job runs in the readonly sandbox or not at
+// start starts the job's shell in its cgroup, or opens its source. A readonly job runs in the readonly sandbox or not at
 // all: on a runner whose probe failed it fails to start, whatever subject it came on.
-func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
+func (r *Runner) start(w *proto.Work) (process, error) {
 	if w.Readonly && !r.readonly.ok {
 		return nil, fmt.Errorf("runner %s cannot run readonly jobs: %s", r.cfg.ID, r.readonly.reason)
+	}
+	if w.Source != nil {
+		src, err := dialSource(w.Source)
+		if err != nil {
+			return nil, err // not a typed nil in the interface
+		}
+		return src, nil
 	}
 	if fi, err := os.Stat(w.Cwd); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("cwd %s is not a directory on runner %s", w.Cwd, r.cfg.ID)

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/proto"
-	"github.com/sbx-dev/sbx/sandbox"
 )
 
 // deadliner is an output pipe whose reads can time out, so that small writes can be gathered.
@@ -29,7 +28,7 @@ type deadliner interface {
 // the job blocks on write. Past limit bytes (when > 0) the job is stopped as output_limit and the
 // rest is read and discarded. A job whose standard error has a pipe of its own (Errors) has both read
 // at once into the one output, stderr's chunks marked. It returns the number of bytes published.
-func (r *Runner) pump(ctx context.Context, j *job, proc *sandbox.Process, started *nats.Msg, limit int64, log *slog.Logger) int64 {
+func (r *Runner) pump(ctx context.Context, j *job, proc process, started *nats.Msg, limit int64, log *slog.Logger) int64 {
 	pctx, cancel := r.finalContext(ctx, context.WithoutCancel(ctx))
 	defer cancel()
 	pub := &publisher{r: r, ctx: pctx, log: log}
