@@ -31,7 +31,10 @@ type Config struct {
 	// ConsumerHeartbeat is how often the server shows the event consumer is alive while no event
 	// comes (5 s); after two missed ones Consume checks the consumer still exists.
 	ConsumerHeartbeat time.Duration
-	Logger            *slog.Logger
+	// MaxWorkConsumers bounds the work consumers the coordinator creates (512): a runner names its
+	// pool in its heartbeats, and a runner's creds must not make the coordinator create them without end.
+	MaxWorkConsumers int
+	Logger           *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -49,6 +52,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ConsumerHeartbeat == 0 {
 		c.ConsumerHeartbeat = 5 * time.Second
+	}
+	if c.MaxWorkConsumers == 0 {
+		c.MaxWorkConsumers = 512
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -157,10 +163,14 @@ func (b *Bus) ensureWork(ctx context.Context, pool string, readonly bool) {
 func (b *Bus) ensureConsumer(ctx context.Context, pool, capability string) error {
 	name := proto.WorkConsumer(pool, capability)
 	b.mu.Lock()
-	fresh := time.Since(b.ensured[name]) < ensureRefresh
+	last, known := b.ensured[name]
+	full := !known && len(b.ensured) >= b.cfg.MaxWorkConsumers
 	b.mu.Unlock()
-	if fresh {
+	if time.Since(last) < ensureRefresh {
 		return nil
+	}
+	if full {
+		return fmt.Errorf("work consumer %s: the coordinator already made %d, the most it makes", name, b.cfg.MaxWorkConsumers)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -379,3 +379,29 @@ func TestConsumeConsumerDeleted(t *testing.T) {
 		t.Fatal("Consume still runs 10 s after its consumer was deleted")
 	}
 }
+
+// TestWorkConsumersBounded: the coordinator creates work consumers for the pools runners name, up to
+// MaxWorkConsumers: heartbeats naming ever new pools do not make it create consumers without end.
+func TestWorkConsumersBounded(t *testing.T) {
+	nc := startNATS(t)
+	ctx := t.Context()
+	bus, err := New(ctx, nc, Config{MaxWorkConsumers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pool := range []string{"a", "b", "c"} {
+		bus.ensureWork(ctx, pool, pool == "a")
+	}
+	if _, err := bus.js.Consumer(ctx, proto.WorkStream, proto.WorkConsumer("a", proto.CapReadonly)); err != nil {
+		t.Fatalf("pool a's readonly consumer: %v", err)
+	}
+	if _, err := bus.js.Consumer(ctx, proto.WorkStream, proto.WorkConsumer("b", proto.CapPlain)); err != nil {
+		t.Fatalf("pool b's consumer: %v", err)
+	}
+	if _, err := bus.js.Consumer(ctx, proto.WorkStream, proto.WorkConsumer("c", proto.CapPlain)); err == nil {
+		t.Fatal("a fourth work consumer was created past the bound of 3")
+	}
+	if err := bus.ensureConsumer(ctx, "a", proto.CapPlain); err != nil {
+		t.Fatalf("a known consumer is refused: %v", err)
+	}
+}
