@@ -117,7 +117,7 @@ type natsFlags struct {
 
 func (n *natsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&n.url, "nats", "", "NATS URL (required)")
-	fs.StringVar(&n.creds, "nats-creds", "", "NATS credentials file (mode 0600), from `sbx auth init` or `sbx auth runner`")
+	fs.StringVar(&n.creds, "nats-creds", "", "NATS credentials file (mode 0600), from sbx auth init or sbx auth runner")
 	fs.StringVar(&n.ca, "nats-ca", "", "PEM CA bundle the NATS server's certificate must chain to (TLS)")
 	fs.StringVar(&n.tlsCert, "nats-tls-cert", "", "PEM client certificate for NATS (TLS); needs --nats-tls-key")
 	fs.StringVar(&n.tlsKey, "nats-tls-key", "", "PEM private key of --nats-tls-cert")

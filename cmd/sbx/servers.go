@@ -160,7 +160,7 @@ type runnerFlags struct {
 }
 
 func (r *runnerFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&r.id, "id", "", "runner id (default: the host name)")
+	fs.StringVar(&r.id, "id", "", "runner id (default: the one --nats-creds was minted for, else the host name)")
 	fs.StringVar(&r.pool, "pool", "default", "pool whose work this runner takes")
 	fs.IntVar(&r.slots, "slots", runner.DefaultSlots, "jobs run at once at most (a guard, not a CPU count: dev servers and watchers hold slots for hours)")
 	fs.StringVar(&r.cgroupRoot, "cgroup-root", "sbx", "cgroup under which the runner makes its jobs' cgroups")
@@ -193,7 +193,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	var rf runnerFlags
 	cf.register(fs, getenv)
 	rf.register(fs)
-	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, for more runners (each with creds from `sbx auth runner --data DIR --id R`)")
+	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, for more runners (each with creds from 'sbx auth runner --data DIR --id R')")
 	natsCert := fs.String("nats-tls-cert", "", "PEM certificate for the embedded NATS server to serve TLS with; needs --nats-tls-key")
 	natsKey := fs.String("nats-tls-key", "", "PEM private key of --nats-tls-cert")
 	if err := parse(fs, args); err != nil {
@@ -315,7 +315,7 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 	cf.register(fs, getenv)
 	nf.register(fs)
 	enrollKey := fs.String("enroll-key", "", "file (mode 0600) holding the enroll key: enables POST /v1/enroll, which gives runners holding the key creds for the id they ask (needs --nats-account-key)")
-	accountKey := fs.String("nats-account-key", "", "the account key (account.nk of `sbx auth init`) that signs enrolled runners' creds")
+	accountKey := fs.String("nats-account-key", "", "the account key (account.nk of sbx auth init) that signs enrolled runners' creds")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
