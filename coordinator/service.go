@@ -677,6 +677,15 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 	return nil
 }
 
+// ConfirmStart reports whether the job is queued here and not yet taken: a runner asks before it
+// starts work whose NotAfter passed, since the coordinator may have refused that start.
+func (s *Service) ConfirmStart(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.live[id]
+	return ok && l.job.Status == StatusQueued
+}
+
 // finishLocked stores an ended job's notifications, writes its footer and record and wakes its
 // waiters. s.mu is held.
 //

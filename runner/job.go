@@ -71,6 +71,19 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log := r.cfg.Logger.With("job", w.JobID)
+	if w.Expired(time.Now()) {
+		ok, err := r.confirm(ctx, w.JobID)
+		if err != nil {
+			log.Warn("work is past its not_after and the coordinator did not confirm it; keeping it queued", "err", err)
+			_ = msg.NakWithDelay(confirmRetry)
+			return
+		}
+		if !ok {
+			log.Info("dropping work whose start the coordinator refused")
+			_ = msg.Term()
+			return
+		}
+	}
 	j := &job{id: w.JobID}
 	r.mu.Lock()
 	r.jobs[j.id] = j
@@ -147,6 +160,31 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		OutputBytes: written,
 		Usage:       &proto.Usage{CPUMS: res.CPU.Milliseconds(), MemoryPeakBytes: res.MemoryPeak},
 	})
+}
+
+// confirmRetry is how long work that could not be confirmed waits before it is delivered again.
+const confirmRetry = 2 * time.Second
+
+// confirm asks the coordinator whether the job of expired work is still to start (proto.Work.NotAfter).
+// It reports an error when the coordinator does not answer: the work then stays queued.
+func (r *Runner) confirm(ctx context.Context, id string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := r.nc.RequestWithContext(ctx, proto.ConfirmSubject, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}))
+	if err != nil {
+		return false, fmt.Errorf("confirm %s: %w", id, err)
+	}
+	reply, err := proto.DecodeControlReply(m.Data)
+	if err != nil {
+		return false, err
+	}
+	switch reply.Code {
+	case proto.ReplyOK:
+		return true, nil
+	case proto.ReplyUnknownJob:
+		return false, nil
+	}
+	return false, fmt.Errorf("confirm %s: %s: %s", id, reply.Code, reply.Message)
 }
 
 // start starts the job's shell in its cgroup. A readonly job runs in the readonly sandbox or not at

@@ -221,7 +221,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if !ns.ReadyForConnections(30 * time.Second) {
 		return errors.New("embedded nats did not start")
 	}
-	coordConn, err := connect(log, "sbx-coordinator", "", nats.InProcessServer(ns))
+	coordConn, err := connect(log, "sbx-coordinator", "", nats.InProcessServer(ns), coordinatorConn())
 	if err != nil {
 		return err
 	}
@@ -276,7 +276,7 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		return err
 	}
 	defer api.ln.Close()
-	nc, err := connect(log, "sbx-coordinator", *natsURL)
+	nc, err := connect(log, "sbx-coordinator", *natsURL, coordinatorConn())
 	if err != nil {
 		return err
 	}
@@ -309,26 +309,31 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 }
 
 // connect dials NATS with sbx's settings: reconnect forever, notice a dead link within seconds, and
-// make a full reconnect buffer an error the publisher sees.
+// make a full reconnect buffer an error the publisher sees. opts come last and override them.
 func connect(log *slog.Logger, name, url string, opts ...nats.Option) (*nats.Conn, error) {
-	opts = append(opts,
+	opts = append([]nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500*time.Millisecond),
-		nats.PingInterval(2*time.Second),
+		nats.ReconnectWait(500 * time.Millisecond),
+		nats.PingInterval(2 * time.Second),
 		nats.MaxPingsOutstanding(3),
-		nats.ReconnectBufSize(16<<20),
+		nats.ReconnectBufSize(16 << 20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("nats disconnected", "conn", name, "err", err) }),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "conn", name, "url", c.ConnectedUrlRedacted()) }),
 		nats.ClosedHandler(func(*nats.Conn) { log.Info("nats connection closed", "conn", name) }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("nats", "conn", name, "err", err) }),
-	)
+	}, opts...)
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
 	}
 	return nc, nil
 }
+
+// coordinatorConn is the option of the coordinator's connection: no reconnect buffer. A publish
+// while NATS is unreachable fails at once, so that a start the API refuses (503) is not sent later
+// by the buffer and run behind the caller's back.
+func coordinatorConn() nats.Option { return nats.ReconnectBufSize(-1) }
 
 // serveCoordinator runs the coordinator until ctx ends, serving the API on api; it calls ready once
 // the API is served. Its parts (the HTTP API, the event consumer, the service's loop) are

@@ -179,3 +179,49 @@ func mustCompile(t *testing.T, pattern string) *regexp.Regexp {
 	}
 	return re
 }
+
+// TestConfirmStart: the coordinator confirms the start of a job it queued, and refuses one it
+// withdrew; the work it queues carries the moment it stopped waiting for the stream.
+func TestConfirmStart(t *testing.T) {
+	nc := startNATS(t)
+	c := startCoordinator(t, nc, t.TempDir())
+	ctx := t.Context()
+	before := time.Now()
+	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "sleep 1", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	raw, err := c.bus.work.GetMsg(ctx, res.Job.WorkSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := proto.DecodeWork(raw.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lo, hi := before.Add(c.bus.cfg.PublishTimeout).UnixMilli(), time.Now().Add(c.bus.cfg.PublishTimeout).UnixMilli(); w.NotAfter < lo || w.NotAfter > hi {
+		t.Fatalf("not_after %d, want the publish deadline in [%d, %d]", w.NotAfter, lo, hi)
+	}
+	ask := func() string {
+		t.Helper()
+		m, err := nc.Request(proto.ConfirmSubject, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := proto.DecodeControlReply(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Code
+	}
+	if got := ask(); got != proto.ReplyOK {
+		t.Fatalf("queued job: confirmation %s", got)
+	}
+	if err := c.svc.Kill(ctx, id, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := ask(); got != proto.ReplyUnknownJob {
+		t.Fatalf("withdrawn job: confirmation %s", got)
+	}
+}

@@ -18,12 +18,34 @@ type Handler interface {
 	HandleEvent(ctx context.Context, e *proto.Event) error
 	HandleChunk(ctx context.Context, c *proto.Chunk) error
 	HandleHeartbeat(h *proto.Heartbeat)
+	// ConfirmStart reports whether the job is queued and may start (see proto.Work.NotAfter).
+	ConfirmStart(id string) bool
 }
 
-// Consume feeds every event of the event stream and every heartbeat to h until ctx ends. An event is
-// acked only after h stored it; one h cannot place yet is redelivered shortly; one that does not
-// decode is logged and terminated.
+// Consume feeds every event of the event stream and every heartbeat to h, and answers the runners'
+// start confirmations, until ctx ends. An event is acked only after h stored it; one h cannot place
+// yet is redelivered shortly; one that does not decode is logged and terminated.
 func (b *Bus) Consume(ctx context.Context, h Handler) error {
+	confirm, err := b.nc.Subscribe(proto.ConfirmSubject, func(m *nats.Msg) {
+		reply := &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}
+		c, err := proto.DecodeControl(m.Data)
+		switch {
+		case err != nil:
+			reply.Code, reply.Message = proto.ReplyInvalid, err.Error()
+		case c.Op != proto.OpConfirm:
+			reply.Code, reply.Message = proto.ReplyInvalid, "op "+c.Op+" is not confirm"
+		case !h.ConfirmStart(c.JobID):
+			reply.Code, reply.Message = proto.ReplyUnknownJob, "job "+c.JobID+" is not queued: its start was refused or it ended"
+		}
+		if err := m.Respond(proto.Encode(reply)); err != nil {
+			b.cfg.Logger.Warn("answer start confirmation", "err", err)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe confirmations: %w", err)
+	}
+	defer confirm.Unsubscribe()
+
 	sub, err := b.nc.Subscribe(proto.HeartbeatSubjects, func(m *nats.Msg) {
 		hb, err := proto.DecodeHeartbeat(m.Data)
 		if err != nil {

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// restartableNATS is an embedded JetStream server that a test stops and starts again on the same
+// port and store, as an operator restarts the NATS of a fleet.
+type restartableNATS struct {
+	t     *testing.T
+	port  int
+	store string
+	ns    *server.Server
+}
+
+func newRestartableNATS(t *testing.T) *restartableNATS {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	n := &restartableNATS{t: t, port: port, store: t.TempDir()}
+	n.start()
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *restartableNATS) url() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
+
+func (n *restartableNATS) start() {
+	n.t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: true, StoreDir: n.store, NoSigs: true})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		n.t.Fatal("nats did not start")
+	}
+	n.ns = ns
+}
+
+// lastSeq is the sequence of the last message the stream ever stored.
+func (n *restartableNATS) lastSeq(stream string) uint64 {
+	n.t.Helper()
+	nc, err := nats.Connect(n.url())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	st, err := js.Stream(n.t.Context(), stream)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return st.CachedInfo().State.LastSeq
+}
+
+func (n *restartableNATS) stop() {
+	if n.ns != nil {
+		n.ns.Shutdown()
+		n.ns.WaitForShutdown()
+		n.ns = nil
+	}
+}
+
+// part is one sbx process of a fleet (`sbx coordinator` or `sbx runner`) run in-process.
+type part struct {
+	cancel context.CancelFunc
+	done   chan error
+	out    *lineWriter
+	log    *lineWriter
+}
+
+// startPart runs `sbx ARGS...` until stop or the end of the test.
+func startPart(t *testing.T, args ...string) *part {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &part{cancel: cancel, done: make(chan error, 1), out: &lineWriter{first: make(chan string, 1)}, log: &lineWriter{first: make(chan string, 1)}}
+	go func() { p.done <- run(ctx, args, os.Getenv, p.out, p.log) }()
+	t.Cleanup(func() {
+		if err := p.stop(); err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("sbx %s: %v", args[0], err)
+		}
+	})
+	return p
+}
+
+// stop cancels the part and returns what run returned.
+func (p *part) stop() error {
+	p.cancel()
+	select {
+	case err, ok := <-p.done:
+		if !ok {
+			return nil
+		}
+		close(p.done)
+		return err
+	case <-time.After(30 * time.Second):
+		return errors.New("did not stop within 30 s")
+	}
+}
+
+// logged reports whether the part's log holds s.
+func (p *part) logged(s string) bool {
+	p.log.mu.Lock()
+	defer p.log.mu.Unlock()
+	return strings.Contains(p.log.buf.String(), s)
+}
+
+// startFleetCoordinator runs `sbx coordinator` against natsURL and returns a client of its API.
+func startFleetCoordinator(t *testing.T, natsURL string, extra ...string) (*part, *client.Client) {
+	t.Helper()
+	p := startPart(t, append([]string{"coordinator", "--nats", natsURL, "--listen", "127.0.0.1:0", "--data", t.TempDir()}, extra...)...)
+	select {
+	case line := <-p.out.first:
+		_, rest, _ := strings.Cut(line, "API ")
+		addr, _, _ := strings.Cut(rest, ",")
+		return p, client.New(addr, "")
+	case err := <-p.done:
+		t.Fatalf("coordinator exited: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("coordinator did not start")
+	}
+	return nil, nil
+}
+
+// startFleetRunner runs `sbx runner` with id against natsURL.
+func startFleetRunner(t *testing.T, natsURL, id string, extra ...string) *part {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a runner runs jobs in cgroups: needs root")
+	}
+	return startPart(t, append([]string{"runner", "--nats", natsURL, "--id", id, "--cgroup-root", testCgroupRoot("sbx-fleet-test")}, extra...)...)
+}
+
+// waitRunner waits until the coordinator lists the runner and returns it.
+func waitRunner(t *testing.T, c *client.Client, id string) client.Runner {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rs, err := c.Runners(t.Context())
+		for _, r := range rs {
+			if r.ID == id {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runner %s did not join: %v %+v", id, err, rs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitStatus polls a job until cond holds, failing after timeout.
+func waitStatus(t *testing.T, c *client.Client, id string, timeout time.Duration, cond func(*client.Job) bool) *client.Job {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		j, err := c.Job(t.Context(), id)
+		if err == nil && cond(j) {
+			return j
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: %+v, %v after %s", id, j, err, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func ended(j *client.Job) bool {
+	return j.Status == "succeeded" || j.Status == "failed" || j.Status == "aborted"
+}
+
+// TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back.
+func TestNATSOutage(t *testing.T) {
+	n := newRestartableNATS(t)
+	_, c := startFleetCoordinator(t, n.url())
+	startFleetRunner(t, n.url(), "outage")
+	waitRunner(t, c, "outage")
+	dir := t.TempDir()
+
+	n.stop()
+	marker := filepath.Join(dir, "ran")
+	_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + marker, Cwd: dir})
+	var apiErr *client.Error
+	if !errors.As(err, &apiErr) || apiErr.Status != 503 {
+		t.Fatalf("start with NATS down: %v, want a 503", err)
+	}
+	jobs, err := c.Jobs(t.Context(), client.JobsQuery{})
+	if err != nil || len(jobs) != 1 {
+		t.Fatalf("jobs %+v, %v", jobs, err)
+	}
+	n.start()
+	// A job started once the coordinator is back runs: what the refused start left had its chance.
+	var ok *client.StartReply
+	for deadline := time.Now().Add(30 * time.Second); ok == nil; {
+		if ok, err = c.Start(t.Context(), client.StartRequest{Command: "true", Cwd: dir}); err != nil {
+			if time.Now().After(deadline) {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitStatus(t, c, ok.Job.ID, 30*time.Second, ended)
+	time.Sleep(time.Second)
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("the refused command ran (%v)", err)
+	}
+	// Not even queued: the work stream only ever held the second job. (A refused start queued after
+	// all is mostly killed by the coordinator once its runner announces it, but it may have run.)
+	if seq := n.lastSeq(proto.WorkStream); seq != 1 {
+		t.Fatalf("the work stream stored %d messages, want only the second job's", seq)
+	}
+	j, err := c.Job(t.Context(), jobs[0].ID)
+	if err != nil || j.Status == "running" || !ended(j) {
+		t.Fatalf("refused job: %+v, %v", j, err)
+	}
+}
