@@ -225,3 +225,87 @@ func TestConfirmStart(t *testing.T) {
 		t.Fatalf("withdrawn job: confirmation %s", got)
 	}
 }
+
+// crashing applies events as the coordinator does until an exit arrives: then it announces the
+// exit on hit and never applies it, as a coordinator that died mid-apply.
+type crashing struct {
+	*coordinator.Service
+	hit chan struct{}
+}
+
+func (c *crashing) HandleEvent(ctx context.Context, e *proto.Event) error {
+	if e.Kind == proto.EventExited {
+		close(c.hit)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return c.Service.HandleEvent(ctx, e)
+}
+
+// TestCrashRecovery: a job whose exit was being applied when the coordinator died ends within 5 s
+// of the next coordinator's start, not after the event's ack wait (30 s).
+func TestCrashRecovery(t *testing.T) {
+	base := startNATS(t)
+	dir := t.TempDir()
+	ctx := t.Context()
+
+	// The first life runs on a connection of its own, closed to crash it: nothing it had in flight
+	// is acked or nak'd.
+	nc, err := nats.Connect(base.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(filepath.Join(dir, "sbx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms, err := store.OpenTerminals(filepath.Join(dir, "terminals"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := New(ctx, nc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := coordinator.New(ctx, coordinator.Config{}, db, terms, bus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lifeCtx, crash := context.WithCancel(ctx)
+	h := &crashing{Service: svc, hit: make(chan struct{})}
+	consumed := make(chan struct{})
+	go func() { defer close(consumed); _ = bus.Consume(lifeCtx, h) }()
+	res, err := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	js, _ := jetstream.New(base)
+	r := &fakeRunner{t: t, js: js}
+	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
+	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	code := 3
+	r.event(&proto.Event{Kind: proto.EventExited, JobID: id, ExitCode: &code, Reason: proto.ReasonExit})
+	select {
+	case <-h.hit:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exit never reached the first coordinator")
+	}
+	nc.Close()
+	crash()
+	<-consumed
+	terms.Close()
+	db.Close()
+
+	began := time.Now()
+	second := startCoordinator(t, base, dir)
+	w, err := second.svc.Wait(ctx, id, 10*time.Second, nil)
+	took := time.Since(began)
+	if err != nil || !w.Done || w.Job.Status != coordinator.StatusFailed {
+		t.Fatalf("after the crash: %+v, %v", w, err)
+	}
+	t.Logf("the job ended %s after the coordinator restarted", took)
+	if took > 5*time.Second {
+		t.Fatalf("the job ended %s after the restart, want under 5 s", took)
+	}
+}

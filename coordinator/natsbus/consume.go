@@ -59,6 +59,13 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 	}
 	defer sub.Unsubscribe()
 
+	// The deliveries a crashed coordinator left unacked would wait out their AckWait (30 s) before
+	// being delivered again, holding jobs `running` after their exit. There is one coordinator: at its
+	// start nothing else consumes, so the consumer is made anew and delivers at once everything still
+	// in the (work-queue) stream, acked events being gone from it. Applying an event twice is harmless.
+	if err := b.js.DeleteConsumer(ctx, proto.EventStream, proto.EventConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("reset consumer %s: %w", proto.EventConsumer, err)
+	}
 	cons, err := b.js.CreateOrUpdateConsumer(ctx, proto.EventStream, jetstream.ConsumerConfig{
 		Durable:       proto.EventConsumer,
 		FilterSubject: proto.EventSubjects,
