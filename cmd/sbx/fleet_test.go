@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,7 +29,8 @@ type restartableNATS struct {
 	ns    *server.Server
 }
 
-func newRestartableNATS(t *testing.T) *restartableNATS {
+// newRestartableNATS picks a port for the server and starts it unless it is to come up later.
+func newRestartableNATS(t *testing.T, start bool) *restartableNATS {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -37,7 +39,9 @@ func newRestartableNATS(t *testing.T) *restartableNATS {
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	n := &restartableNATS{t: t, port: port, store: t.TempDir()}
-	n.start()
+	if start {
+		n.start()
+	}
 	t.Cleanup(n.stop)
 	return n
 }
@@ -194,7 +198,7 @@ func ended(j *client.Job) bool {
 
 // TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back.
 func TestNATSOutage(t *testing.T) {
-	n := newRestartableNATS(t)
+	n := newRestartableNATS(t, true)
 	_, c := startFleetCoordinator(t, n.url())
 	startFleetRunner(t, n.url(), "outage")
 	waitRunner(t, c, "outage")
@@ -235,5 +239,70 @@ func TestNATSOutage(t *testing.T) {
 	j, err := c.Job(t.Context(), jobs[0].ID)
 	if err != nil || j.Status == "running" || !ended(j) {
 		t.Fatalf("refused job: %+v, %v", j, err)
+	}
+}
+
+// TestStartBeforeNATS: a runner and a coordinator started before NATS wait for it, saying so, and
+// then run jobs; the coordinator makes its data directory; the runner's labels show in GET /v1/runners.
+func TestStartBeforeNATS(t *testing.T) {
+	n := newRestartableNATS(t, false)
+	r := startFleetRunner(t, n.url(), "early", "--label", "zone=a", "--label", "disk=ssd")
+	data := filepath.Join(t.TempDir(), "not", "yet", "there")
+	coord := startPart(t, "coordinator", "--nats", n.url(), "--listen", "127.0.0.1:0", "--data", data)
+	for deadline := time.Now().Add(10 * time.Second); !r.logged("waiting for NATS") || !coord.logged("waiting for NATS"); {
+		if time.Now().After(deadline) {
+			t.Fatal("runner and coordinator did not say they wait for NATS")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-r.done:
+		t.Fatalf("the runner exited without NATS: %v", err)
+	case err := <-coord.done:
+		t.Fatalf("the coordinator exited without NATS: %v", err)
+	default:
+	}
+	n.start()
+	var c *client.Client
+	select {
+	case line := <-coord.out.first:
+		_, rest, _ := strings.Cut(line, "API ")
+		addr, _, _ := strings.Cut(rest, ",")
+		c = client.New(addr, "")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the coordinator did not start once NATS was up")
+	}
+	if fi, err := os.Stat(data); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("data dir: %v, %v", fi, err)
+	}
+	got := waitRunner(t, c, "early")
+	if len(got.Labels) != 2 || got.Labels["zone"] != "a" || got.Labels["disk"] != "ssd" {
+		t.Fatalf("labels %v", got.Labels)
+	}
+	dir := t.TempDir()
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "echo up > out", Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := waitStatus(t, c, res.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
+		t.Fatalf("job %+v", j)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "out")); err != nil || string(b) != "up\n" {
+		t.Fatalf("the job wrote %q, %v", b, err)
+	}
+}
+
+// TestLabelFlags: a malformed --label is a usage error, before anything connects.
+func TestLabelFlags(t *testing.T) {
+	for _, labels := range [][]string{{"nokey"}, {"=v"}, {"a b=c"}, {"k=v", "k=w"}, {strings.Repeat("k", 64) + "=v"}} {
+		args := []string{"runner", "--nats", "nats://127.0.0.1:1"}
+		for _, l := range labels {
+			args = append(args, "--label", l)
+		}
+		var stderr strings.Builder
+		err := run(t.Context(), args, os.Getenv, io.Discard, &stderr)
+		if code(err) != 2 || !strings.Contains(err.Error(), "--label") {
+			t.Errorf("labels %q: %v (exit %d), want a usage error naming --label", labels, err, code(err))
+		}
 	}
 }

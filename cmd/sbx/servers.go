@@ -154,8 +154,18 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 // runnerFlags are the flags serve and runner share.
 type runnerFlags struct {
 	id, pool, cgroupRoot, user, shell string
-	users                             stringList
+	users, labels                     stringList
 	slots                             int
+	// labelMap is labels, parsed by check.
+	labelMap map[string]string
+}
+
+// check parses what the flags parser leaves as text, so that a mistake stops the process before it
+// connects anywhere.
+func (r *runnerFlags) check() error {
+	var err error
+	r.labelMap, err = parseLabels(r.labels)
+	return err
 }
 
 func (r *runnerFlags) register(fs *flag.FlagSet) {
@@ -166,6 +176,45 @@ func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.shell, "shell", "", "absolute path of the shell jobs run in by default (default: bash when installed, else /bin/sh)")
 	fs.StringVar(&r.user, "user", "", "user jobs run as (default: the runner's own; serve started with sudo: $SUDO_USER)")
 	fs.Var(&r.users, "allow-user", "another user a job may ask for with \"user\" (repeatable; needs --user)")
+	fs.Var(&r.labels, "label", "a KEY=VALUE describing the runner in GET /v1/runners (repeatable); placement is by --pool")
+}
+
+// maxLabels bounds a runner's labels, which every heartbeat carries.
+const maxLabels = 32
+
+// parseLabels turns --label KEY=VALUE flags into a map. A key is 1–63 characters of letters, digits
+// and "._-/"; a value at most 256 bytes.
+func parseLabels(flags []string) (map[string]string, error) {
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	if len(flags) > maxLabels {
+		return nil, usageError("--label: at most %d labels", maxLabels)
+	}
+	labels := make(map[string]string, len(flags))
+	for _, f := range flags {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok || !validLabelKey(k) || len(v) > 256 {
+			return nil, usageError("--label %q must be KEY=VALUE, KEY 1-63 characters of letters, digits and ._-/, VALUE at most 256 bytes", f)
+		}
+		if _, dup := labels[k]; dup {
+			return nil, usageError("--label %s is given twice", k)
+		}
+		labels[k] = v
+	}
+	return labels, nil
+}
+
+func validLabelKey(k string) bool {
+	if len(k) == 0 || len(k) > 63 {
+		return false
+	}
+	for _, c := range k {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._-/", c)) {
+			return false
+		}
+	}
+	return true
 }
 
 // stringList collects a repeated flag.
@@ -198,6 +247,9 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if rf.user == "" {
 		rf.user = defaultUser(getenv)
+	}
+	if err := rf.check(); err != nil {
+		return err
 	}
 	log := newLogger(stderr)
 	host, port, err := splitHostPort(*natsListen)
@@ -276,8 +328,8 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		return err
 	}
 	defer api.ln.Close()
-	nc, err := connect(log, "sbx-coordinator", *natsURL, coordinatorConn())
-	if err != nil {
+	nc, err := dial(ctx, log, "sbx-coordinator", *natsURL, coordinatorConn())
+	if err != nil || nc == nil {
 		return err
 	}
 	defer nc.Close()
@@ -299,9 +351,12 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if *natsURL == "" {
 		return usageError("runner: --nats URL is required")
 	}
+	if err := rf.check(); err != nil {
+		return err
+	}
 	log := newLogger(stderr)
-	nc, err := connect(log, "sbx-runner", *natsURL)
-	if err != nil {
+	nc, err := dial(ctx, log, "sbx-runner", *natsURL)
+	if err != nil || nc == nil {
 		return err
 	}
 	defer nc.Close()
@@ -328,6 +383,43 @@ func connect(log *slog.Logger, name, url string, opts ...nats.Option) (*nats.Con
 		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// dialRetry is the pause between two attempts to reach NATS at start-up; dialNotice the one between
+// two log lines saying so.
+const (
+	dialRetry  = time.Second
+	dialNotice = 5 * time.Second
+)
+
+// dial connects as connect does, waiting for NATS when it is not up yet (a fleet's parts start in any
+// order): it tries again every dialRetry and says so every dialNotice. A refusal that waiting cannot
+// cure (bad credentials, TLS) is returned at once. When ctx ends first it returns a nil connection
+// and no error: the process was stopped before it started.
+func dial(ctx context.Context, log *slog.Logger, name, url string, opts ...nats.Option) (*nats.Conn, error) {
+	var said time.Time
+	for {
+		nc, err := connect(log, name, url, opts...)
+		if err == nil {
+			if !said.IsZero() {
+				log.Info("nats is up", "conn", name, "url", nc.ConnectedUrlRedacted())
+			}
+			return nc, nil
+		}
+		var netErr net.Error
+		if !errors.Is(err, nats.ErrNoServers) && !errors.Is(err, nats.ErrTimeout) && !errors.As(err, &netErr) {
+			return nil, err
+		}
+		if time.Since(said) >= dialNotice {
+			log.Warn("waiting for NATS", "conn", name, "url", url, "err", err)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(dialRetry):
+		}
+	}
 }
 
 // coordinatorConn is the option of the coordinator's connection: no reconnect buffer. A publish
@@ -401,7 +493,7 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
 		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, Shell: rf.shell,
-		Cgroup: sandbox.Config{Root: rf.cgroupRoot},
+		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Labels: rf.labelMap,
 	})
 	if err != nil {
 		return err
