@@ -28,8 +28,8 @@ type job struct {
 	id string
 
 	mu     sync.Mutex
-	proc   *sandbox.Process // nil until started
-	reason string           // why the runner stopped it; "" while it was not stopped
+	proc   process // nil until started
+	reason string  // why the runner stopped it; "" while it was not stopped
 	why    string
 
 	// inMu serialises writes to the job's input; inClosed is set once it is closed.
@@ -187,11 +187,18 @@ func (r *Runner) confirm(ctx context.Context, id string) (bool, error) {
 	return false, fmt.Errorf("confirm %s: %s: %s", id, reply.Code, reply.Message)
 }
 
-// start starts the job's shell in its cgroup. A readonly job runs in the readonly sandbox or not at
+// start starts the job's shell in its cgroup, or opens its source. A readonly job runs in the readonly sandbox or not at
 // all: on a runner whose probe failed it fails to start, whatever subject it came on.
-func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
+func (r *Runner) start(w *proto.Work) (process, error) {
 	if w.Readonly && !r.readonly.ok {
 		return nil, fmt.Errorf("runner %s cannot run readonly jobs: %s", r.cfg.ID, r.readonly.reason)
+	}
+	if w.Source != nil {
+		src, err := dialSource(w.Source)
+		if err != nil {
+			return nil, err // not a typed nil in the interface
+		}
+		return src, nil
 	}
 	if fi, err := os.Stat(w.Cwd); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("cwd %s is not a directory on runner %s", w.Cwd, r.cfg.ID)
@@ -218,16 +225,17 @@ func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
 		return nil, err
 	}
 	return r.mgr.Start(sandbox.Spec{
-		Credential: cred,
-		Linger:     w.Linger,
-		Stdin:      w.Stdin,
-		ID:         w.JobID,
-		Path:       shell,
-		Args:       []string{filepath.Base(shell), "-c", w.Command},
-		Dir:        w.Cwd,
-		Env:        env,
-		Resources:  resources(w.Limits),
-		Readonly:   w.Readonly,
+		Credential:     cred,
+		Linger:         w.Linger,
+		Stdin:          w.Stdin,
+		SeparateStderr: w.SeparateStderr,
+		ID:             w.JobID,
+		Path:           shell,
+		Args:           []string{filepath.Base(shell), "-c", w.Command},
+		Dir:            w.Cwd,
+		Env:            env,
+		Resources:      resources(w.Limits),
+		Readonly:       w.Readonly,
 	})
 }
 
