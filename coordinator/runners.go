@@ -35,6 +35,7 @@ func (s *Service) HandleHeartbeat(h *proto.Heartbeat) {
 		ReadonlyReason: h.ReadonlyReason, Cgroup: h.Cgroup, Labels: h.Labels, LastSeen: s.cfg.Now(),
 		Version: h.Version, Boot: h.Boot, Draining: h.Draining,
 	}
+	s.killFencedLocked(h.Runner)
 }
 
 // Runners lists the live runners by id.

@@ -122,6 +122,8 @@ type Service struct {
 
 	// strays are the kill requests sent to runners in the background (stopStray); Run waits for them.
 	strays sync.WaitGroup
+	// fenced are the jobs marked lost while their runner may still run them (see fence.go).
+	fenced map[string]*fencedJob
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -220,6 +222,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
+		fenced: map[string]*fencedJob{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}},
 	}
@@ -904,6 +907,7 @@ func (s *Service) markLost(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
+	s.expireFencesLocked(now)
 	for id, r := range s.runners {
 		if now.Sub(r.LastSeen) > s.cfg.RunnerDeadline {
 			s.cfg.Logger.Warn("runner gone", "runner", id, "last_seen", r.LastSeen)
@@ -932,5 +936,6 @@ func (s *Service) markLost(ctx context.Context) {
 		if err := s.finishLocked(ctx, l); err != nil {
 			s.cfg.Logger.Error("mark job lost", "job", j.ID, "err", err)
 		}
+		s.fenceLocked(j.Runner, j.ID, now)
 	}
 }

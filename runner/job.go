@@ -37,10 +37,12 @@ type job struct {
 	inClosed bool
 }
 
-// stop ends the job for a reason; the first reason given is the one reported.
-func (j *job) stop(reason, why string) {
+// stop ends the job for a reason; the first reason given is the one reported. It reports whether
+// this call gave the reason.
+func (j *job) stop(reason, why string) bool {
 	j.mu.Lock()
-	if j.reason == "" {
+	first := j.reason == ""
+	if first {
 		j.reason, j.why = reason, why
 	}
 	p := j.proc
@@ -48,6 +50,7 @@ func (j *job) stop(reason, why string) {
 	if p != nil {
 		_ = p.Kill() // an error means the process is already gone
 	}
+	return first
 }
 
 // signal sends a signal to the job's process group.

@@ -53,6 +53,11 @@ type Config struct {
 	Environ []string
 	// HeartbeatInterval is the time between heartbeats (2 s).
 	HeartbeatInterval time.Duration
+	// FenceAfter is how long the runner may go without reaching NATS (a heartbeat that the server
+	// acknowledged) before it kills its jobs as lost (15 s, the coordinator's default runner
+	// deadline, after which the coordinator marks them lost): a job the coordinator gave up on
+	// must not run on unseen. Negative: never.
+	FenceAfter time.Duration
 	// Coalesce is how long output is gathered into one chunk after its first byte (2 ms).
 	Coalesce time.Duration
 	// PublishWindow is the number of output chunks in flight before the runner waits for acks (64).
@@ -116,6 +121,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.FenceAfter == 0 {
+		c.FenceAfter = 15 * time.Second
 	}
 	if c.Coalesce == 0 {
 		c.Coalesce = 2 * time.Millisecond
@@ -317,11 +325,18 @@ func (r *Runner) take(ctx context.Context, cons jetstream.Consumer) {
 	}
 }
 
-// heartbeat announces the runner until ctx ends.
+// heartbeat announces the runner until ctx ends, and fences the runner's jobs when it has not reached
+// NATS for FenceAfter. A heartbeat counts as reaching NATS once the server answered the flush that
+// follows it. The check comes before each heartbeat, so a runner that was stopped (SIGSTOP, a frozen
+// VM) past the deadline kills its jobs on waking, before its first heartbeat says it is back.
 func (r *Runner) heartbeat(ctx context.Context) {
 	t := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer t.Stop()
+	reached := time.Now()
 	for {
+		if r.cfg.FenceAfter > 0 && time.Since(reached) > r.cfg.FenceAfter {
+			r.fence(time.Since(reached))
+		}
 		r.mu.Lock()
 		running := len(r.jobs)
 		r.mu.Unlock()
@@ -330,14 +345,36 @@ func (r *Runner) heartbeat(ctx context.Context) {
 			Readonly: r.readonly.ok, ReadonlyReason: r.readonly.reason,
 			Cgroup: r.mgr.Describe(), Labels: r.cfg.Labels, Version: r.cfg.Version, Boot: r.boot, Time: time.Now(),
 		}
-		if err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb)); err != nil {
+		err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb))
+		if err == nil {
+			err = r.nc.FlushTimeout(r.cfg.HeartbeatInterval)
+		}
+		if err != nil {
 			r.cfg.Logger.Warn("heartbeat", "err", err)
+		} else {
+			reached = time.Now()
 		}
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// fence kills every job of the runner as lost: it has not reached NATS for silent, past FenceAfter,
+// so the coordinator has given them up. Their ends are reported once NATS is back.
+func (r *Runner) fence(silent time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, j := range r.jobs {
+		if j.stop(proto.ReasonLost, fmt.Sprintf("runner %s could not reach NATS for %s (deadline %s) and killed its jobs", r.cfg.ID, silent.Round(time.Second), r.cfg.FenceAfter)) {
+			n++
+		}
+	}
+	if n > 0 {
+		r.cfg.Logger.Error("cut off from NATS past the deadline: killed the jobs", "jobs", n, "silent", silent.Round(time.Millisecond))
 	}
 }
 

@@ -68,6 +68,7 @@ type coordinatorFlags struct {
 	allowHosts              stringList
 	insecureNoToken         bool
 	stallAfter              time.Duration
+	runnerDeadline          time.Duration
 	retainAge               time.Duration
 	retainBytes             string
 	mcpMaxBlock             time.Duration
@@ -82,6 +83,7 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.Var(&c.allowHosts, "allow-host", "a name clients reach the API by, accepted in the Host header besides localhost, 127.0.0.1 and [::1] (repeatable; '*' accepts any and needs --token-file)")
 	fs.BoolVar(&c.insecureNoToken, "insecure-no-token", false, "listen beyond loopback without a token: only for a container whose port is published on the host's loopback alone")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
+	fs.DurationVar(&c.runnerDeadline, "runner-deadline", defaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
@@ -107,6 +109,9 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	retainBytes, err := parseBytes(cf.retainBytes)
 	if err != nil || retainBytes <= 0 {
 		return nil, usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
+	}
+	if cf.runnerDeadline <= 0 {
+		return nil, usageError("--runner-deadline must be positive")
 	}
 	if cf.retainAge <= 0 {
 		return nil, usageError("--retain-age must be positive")
@@ -156,6 +161,7 @@ type runnerFlags struct {
 	id, pool, cgroupRoot, user, shell string
 	users, labels                     stringList
 	slots                             int
+	deadline                          time.Duration
 	// labelMap is labels, parsed by check.
 	labelMap map[string]string
 }
@@ -163,6 +169,9 @@ type runnerFlags struct {
 // check parses what the flags parser leaves as text, so that a mistake stops the process before it
 // connects anywhere.
 func (r *runnerFlags) check() error {
+	if r.deadline <= 0 {
+		return usageError("--runner-deadline must be positive")
+	}
 	var err error
 	r.labelMap, err = parseLabels(r.labels)
 	return err
@@ -177,6 +186,14 @@ func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.user, "user", "", "user jobs run as (default: the runner's own; serve started with sudo: $SUDO_USER)")
 	fs.Var(&r.users, "allow-user", "another user a job may ask for with \"user\" (repeatable; needs --user)")
 	fs.Var(&r.labels, "label", "a KEY=VALUE describing the runner in GET /v1/runners (repeatable); placement is by --pool")
+}
+
+// defaultRunnerDeadline is the coordinator's and the runners' --runner-deadline.
+const defaultRunnerDeadline = 15 * time.Second
+
+// registerRunnerDeadline registers the runner's --runner-deadline; serve shares the coordinator's.
+func (r *runnerFlags) registerRunnerDeadline(fs *flag.FlagSet) {
+	fs.DurationVar(&r.deadline, "runner-deadline", defaultRunnerDeadline, "how long the runner may be cut off from NATS before it kills its jobs as lost (the coordinator's --runner-deadline, after which it marks them lost)")
 }
 
 // maxLabels bounds a runner's labels, which every heartbeat carries.
@@ -248,6 +265,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if rf.user == "" {
 		rf.user = defaultUser(getenv)
 	}
+	rf.deadline = cf.runnerDeadline
 	if err := rf.check(); err != nil {
 		return err
 	}
@@ -344,6 +362,7 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	fs := newFlags("runner", stderr)
 	var rf runnerFlags
 	rf.register(fs)
+	rf.registerRunnerDeadline(fs)
 	natsURL := fs.String("nats", "", "NATS URL (required)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -446,7 +465,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 		return err
 	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
-		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
+		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
 	}, db, terms, bus)
 	if err != nil {
 		return err
@@ -493,7 +512,7 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
 		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, Shell: rf.shell,
-		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Labels: rf.labelMap,
+		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Labels: rf.labelMap, FenceAfter: rf.deadline,
 	})
 	if err != nil {
 		return err
