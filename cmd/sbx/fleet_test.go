@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -304,5 +305,194 @@ func TestLabelFlags(t *testing.T) {
 		if code(err) != 2 || !strings.Contains(err.Error(), "--label") {
 			t.Errorf("labels %q: %v (exit %d), want a usage error naming --label", labels, err, code(err))
 		}
+	}
+}
+
+// stallProxy forwards TCP connections to a NATS server and can hold every byte in both directions,
+// as a stalled runner (SIGSTOP, a frozen VM) or a cut network looks to the others: nothing is
+// closed, nothing gets through.
+type stallProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	open   chan struct{} // closed while bytes flow
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, target: target, open: make(chan struct{})}
+	close(p.open)
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	var connsMu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			connsMu.Lock()
+			conns = append(conns, c, up)
+			connsMu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); p.pipe(up, c) }()
+			go func() { defer wg.Done(); p.pipe(c, up) }()
+		}
+	}()
+	t.Cleanup(func() {
+		p.resume()
+		ln.Close()
+		connsMu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		connsMu.Unlock()
+		wg.Wait()
+	})
+	return p
+}
+
+func (p *stallProxy) url() string { return "nats://" + p.ln.Addr().String() }
+
+// pipe copies src to dst, holding what it read while the proxy is stalled.
+func (p *stallProxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			open := p.open
+			p.mu.Unlock()
+			<-open
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *stallProxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.open = make(chan struct{})
+}
+
+func (p *stallProxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.open:
+	default:
+		close(p.open)
+	}
+}
+
+// startSpinner starts a job that records its pid and runs until killed, and waits until it runs.
+func startSpinner(t *testing.T, c *client.Client) (id string, pid int) {
+	t.Helper()
+	dir := t.TempDir()
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "echo $$ > pid; while :; do sleep 0.1; done", Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, res.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" })
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		b, _ := os.ReadFile(filepath.Join(dir, "pid"))
+		if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			return res.Job.ID, pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job wrote no pid: %q", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// processAlive reports whether pid runs (a zombie counts as gone).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
+
+// TestLostJobKilledOnReturn: a runner stalled past the deadline (that does not fence itself) gets
+// its job marked lost; when it comes back, the coordinator has it killed, and the job stays lost.
+func TestLostJobKilledOnReturn(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	_, c := startFleetCoordinator(t, n.url(), "--runner-deadline", "2s")
+	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	startFleetRunner(t, proxy.url(), "stalled", "--runner-deadline", "1h")
+	waitRunner(t, c, "stalled")
+	id, pid := startSpinner(t, c)
+
+	proxy.stall()
+	stalled := time.Now()
+	j := waitStatus(t, c, id, 10*time.Second, ended)
+	t.Logf("lost detected %s after the stall (deadline 2 s)", time.Since(stalled).Round(10*time.Millisecond))
+	if j.Status != "aborted" || j.Reason != "lost" {
+		t.Fatalf("job %+v, want aborted, lost", j)
+	}
+	if !processAlive(pid) {
+		t.Fatal("the job died before its runner came back: the test shows nothing")
+	}
+	proxy.resume()
+	resumed := time.Now()
+	for processAlive(pid) {
+		if time.Since(resumed) > 10*time.Second {
+			t.Fatal("the job marked lost still runs 10 s after its runner came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("killed %s after the runner came back", time.Since(resumed).Round(10*time.Millisecond))
+	time.Sleep(time.Second) // the runner's exit event arrives and is dropped
+	if j, err := c.Job(t.Context(), id); err != nil || j.Status != "aborted" || j.Reason != "lost" {
+		t.Fatalf("after the runner's return: %+v, %v; want still aborted, lost", j, err)
+	}
+}
+
+// TestRunnerFencesItself: a runner cut off from NATS past its deadline kills its jobs by itself,
+// while still cut off, and reports them lost once it is back.
+func TestRunnerFencesItself(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	_, c := startFleetCoordinator(t, n.url(), "--runner-deadline", "1h")
+	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	startFleetRunner(t, proxy.url(), "cutoff", "--runner-deadline", "2s")
+	waitRunner(t, c, "cutoff")
+	id, pid := startSpinner(t, c)
+
+	proxy.stall()
+	cut := time.Now()
+	for processAlive(pid) {
+		if time.Since(cut) > 10*time.Second {
+			t.Fatal("the cut-off runner did not kill its job within 10 s (deadline 2 s)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the runner killed its job %s after it was cut off (deadline 2 s)", time.Since(cut).Round(10*time.Millisecond))
+	if j, err := c.Job(t.Context(), id); err != nil || j.Status != "running" {
+		t.Fatalf("job %+v, %v: the coordinator (deadline 1 h) should not have decided yet", j, err)
+	}
+	proxy.resume()
+	j := waitStatus(t, c, id, 30*time.Second, ended)
+	if j.Status != "aborted" || j.Reason != "lost" || !strings.Contains(j.Error, "could not reach NATS") {
+		t.Fatalf("job %+v, want aborted, lost, saying why", j)
 	}
 }
