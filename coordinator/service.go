@@ -222,7 +222,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
-		fenced: map[string]*fencedJob{},
+		fenced:       map[string]*fencedJob{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}},
 	}
