@@ -496,3 +496,31 @@ func TestRunnerFencesItself(t *testing.T) {
 		t.Fatalf("job %+v, want aborted, lost, saying why", j)
 	}
 }
+
+// TestDrainShown: a runner stopped with --drain-timeout shows as draining in GET /v1/runners while
+// its job finishes, and exits 0 once it did.
+func TestDrainShown(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	_, c := startFleetCoordinator(t, n.url())
+	r := startFleetRunner(t, n.url(), "drainer", "--drain-timeout", "30s")
+	waitRunner(t, c, "drainer")
+	dir := t.TempDir()
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "sleep 3; echo done > out", Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, res.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" })
+	r.cancel() // what SIGTERM does
+	for deadline := time.Now().Add(10 * time.Second); !waitRunner(t, c, "drainer").Draining; {
+		if time.Now().After(deadline) {
+			t.Fatal("GET /v1/runners does not say draining")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if j := waitStatus(t, c, res.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
+		t.Fatalf("the job running when the drain began: %+v", j)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatalf("the drained runner: %v, want exit 0", err)
+	}
+}

@@ -161,7 +161,7 @@ type runnerFlags struct {
 	id, pool, cgroupRoot, user, shell string
 	users, labels                     stringList
 	slots                             int
-	deadline                          time.Duration
+	deadline, drainTimeout            time.Duration
 	// labelMap is labels, parsed by check.
 	labelMap map[string]string
 }
@@ -171,6 +171,9 @@ type runnerFlags struct {
 func (r *runnerFlags) check() error {
 	if r.deadline <= 0 {
 		return usageError("--runner-deadline must be positive")
+	}
+	if r.drainTimeout < 0 {
+		return usageError("--drain-timeout must not be negative")
 	}
 	var err error
 	r.labelMap, err = parseLabels(r.labels)
@@ -363,6 +366,7 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	var rf runnerFlags
 	rf.register(fs)
 	rf.registerRunnerDeadline(fs)
+	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 0, "on SIGTERM, take no more work and let running jobs finish for up to this long before killing them (0: kill at once)")
 	natsURL := fs.String("nats", "", "NATS URL (required)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -512,7 +516,7 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
 		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, Shell: rf.shell,
-		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Labels: rf.labelMap, FenceAfter: rf.deadline,
+		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Labels: rf.labelMap, FenceAfter: rf.deadline, DrainTimeout: rf.drainTimeout,
 	})
 	if err != nil {
 		return err
