@@ -62,6 +62,25 @@ func (n *restartableNATS) start() {
 	n.ns = ns
 }
 
+// msgs is the number of messages the stream holds now.
+func (n *restartableNATS) msgs(stream string) uint64 {
+	n.t.Helper()
+	nc, err := nats.Connect(n.url())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	st, err := js.Stream(n.t.Context(), stream)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return st.CachedInfo().State.Msgs
+}
+
 // lastSeq is the sequence of the last message the stream ever stored.
 func (n *restartableNATS) lastSeq(stream string) uint64 {
 	n.t.Helper()
@@ -315,7 +334,8 @@ type stallProxy struct {
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
-	open   chan struct{} // closed while bytes flow
+	// up and down are closed while bytes flow to the server and back from it.
+	up, down chan struct{}
 }
 
 func newStallProxy(t *testing.T, target string) *stallProxy {
@@ -324,8 +344,9 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &stallProxy{ln: ln, target: target, open: make(chan struct{})}
-	close(p.open)
+	p := &stallProxy{ln: ln, target: target, up: make(chan struct{}), down: make(chan struct{})}
+	close(p.up)
+	close(p.down)
 	var wg sync.WaitGroup
 	var conns []net.Conn
 	var connsMu sync.Mutex
@@ -346,8 +367,8 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 			conns = append(conns, c, up)
 			connsMu.Unlock()
 			wg.Add(2)
-			go func() { defer wg.Done(); p.pipe(up, c) }()
-			go func() { defer wg.Done(); p.pipe(c, up) }()
+			go func() { defer wg.Done(); p.pipe(up, c, &p.up) }()
+			go func() { defer wg.Done(); p.pipe(c, up, &p.down) }()
 		}
 	}()
 	t.Cleanup(func() {
@@ -365,15 +386,15 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 
 func (p *stallProxy) url() string { return "nats://" + p.ln.Addr().String() }
 
-// pipe copies src to dst, holding what it read while the proxy is stalled.
-func (p *stallProxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst, holding what it read while the gate is shut.
+func (p *stallProxy) pipe(dst, src net.Conn, gate *chan struct{}) {
 	defer dst.Close()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			open := p.open
+			open := *gate
 			p.mu.Unlock()
 			<-open
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -386,19 +407,30 @@ func (p *stallProxy) pipe(dst, src net.Conn) {
 	}
 }
 
+// stall holds every byte both ways.
 func (p *stallProxy) stall() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.open = make(chan struct{})
+	p.up, p.down = make(chan struct{}), make(chan struct{})
+}
+
+// stallReplies holds what the server sends: what the client publishes is delivered, and it hears
+// nothing back, acks included.
+func (p *stallProxy) stallReplies() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = make(chan struct{})
 }
 
 func (p *stallProxy) resume() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	select {
-	case <-p.open:
-	default:
-		close(p.open)
+	for _, g := range []chan struct{}{p.up, p.down} {
+		select {
+		case <-g:
+		default:
+			close(g)
+		}
 	}
 }
 
@@ -522,5 +554,86 @@ func TestDrainShown(t *testing.T) {
 	}
 	if err := r.stop(); err != nil {
 		t.Fatalf("the drained runner: %v, want exit 0", err)
+	}
+}
+
+// TestAmbiguousPublish: a start whose work reached the stream but whose ack never came back is
+// refused (503) and never runs: when NATS answers again in time the coordinator withdraws the work;
+// when it does not, the work expires and the runner that takes it later is told not to start it.
+func TestAmbiguousPublish(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	coord, c := startFleetCoordinator(t, proxy.url())
+	dir := t.TempDir()
+	start := func(name string) error {
+		_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + filepath.Join(dir, name), Cwd: dir})
+		return err
+	}
+	// Wait until the coordinator is ready to queue work (its first start succeeds; no runner yet).
+	for deadline := time.Now().Add(30 * time.Second); start("ready") != nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("the coordinator never queued a job")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// 1. The ack is held past the publish timeout, then let through: settled by withdrawal.
+	proxy.stallReplies()
+	errc := make(chan error, 1)
+	go func() { errc <- start("withdrawn") }()
+	time.Sleep(6 * time.Second) // past the 5 s publish timeout: the coordinator is settling
+	proxy.resume()
+	var apiErr *client.Error
+	if err := <-errc; !errors.As(err, &apiErr) || apiErr.Status != 503 {
+		t.Fatalf("start whose ack came late: %v, want a 503", err)
+	}
+	if !coord.logged("withdrawn") {
+		t.Error("the coordinator did not say it withdrew the work")
+	}
+
+	// 2. No answer until the coordinator gave up: the work stays in the stream, expired.
+	proxy.stallReplies()
+	go func() { errc <- start("expired") }()
+	if err := <-errc; !errors.As(err, &apiErr) || apiErr.Status != 503 {
+		t.Fatalf("start without an ack: %v, want a 503", err)
+	}
+	proxy.resume()
+
+	// A runner joins: it runs the job queued before all this, and refuses the expired work.
+	r := startFleetRunner(t, n.url(), "late")
+	waitRunner(t, c, "late")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the job queued before the faults never ran")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(15 * time.Second); n.msgs(proto.WorkStream) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the work stream still holds %d messages", n.msgs(proto.WorkStream))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Refused before it was announced, not killed after it was (which may be too late).
+	if !r.logged("dropping work whose start the coordinator refused") {
+		t.Error("the runner did not ask about the expired work")
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, name := range []string{"withdrawn", "expired"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Errorf("the refused start %q ran (%v)", name, err)
+		}
+	}
+	jobs, err := c.Jobs(t.Context(), client.JobsQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range jobs {
+		if j.Status == "running" || j.Status == "queued" {
+			t.Errorf("job %s (%s) is %s", j.ID, j.Command, j.Status)
+		}
 	}
 }

@@ -167,6 +167,7 @@ func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
 		b.cfg.Logger.Info("start settled as taken", "job", w.JobID, "publish_err", err)
 		return seq, nil
 	}
+	b.cfg.Logger.Warn("start refused: its work was withdrawn, the stream's ack having come too late", "job", w.JobID, "publish_err", err)
 	return 0, fmt.Errorf("queue job %s (withdrawn): %w", w.JobID, err)
 }
 
