@@ -257,17 +257,6 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatalf("confirmation request: %v", err)
 	}
 
-	// It asks the coordinator to confirm expired work, and the answer reaches its own inbox.
-	if _, err := coord.Subscribe(proto.ConfirmSubject, func(m *nats.Msg) { _ = m.Respond([]byte("start")) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := coord.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if m, err := rc.Request(proto.ConfirmSubject, []byte("?"), 5*time.Second); err != nil || string(m.Data) != "start" {
-		t.Fatalf("confirm request: %v", err)
-	}
-
 	// What it must not do.
 	short := func() context.Context {
 		c, cancel := context.WithTimeout(ctx, 2*time.Second)
