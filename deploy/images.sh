@@ -8,7 +8,8 @@
 #                          debootstrap --include, so no apt-get runs inside a container (which may not
 #                          reach the mirror)
 #   nats:<go.mod version>  nats-server built from its Go module (CGO_ENABLED=0) on debian:bookworm-slim
-#   sbx:local              deploy/Dockerfile.local: bin/sbx (cgo, bookworm's libseccomp) on sbx-base
+#   $SBX_IMAGE (sbx:local)  deploy/Dockerfile.local: bin/sbx (cgo, bookworm's libseccomp) on sbx-base;
+#                          docker-compose.yml runs the same $SBX_IMAGE
 #
 # A user with a registry needs none of this: `docker compose build` takes deploy/Dockerfile.
 # Environment: SBX_DEBIAN_MIRROR overrides the mirror; SBX_IMAGE_CACHE the .deb cache directory.
@@ -104,7 +105,8 @@ ver=$(nats_version)
 NATS_IMAGE=nats:${ver#v}
 have "$NATS_IMAGE" || nats_image "$ver" "$NATS_IMAGE"
 
-log "building bin/sbx and sbx:local"
+SBX_IMAGE=${SBX_IMAGE:-sbx:local}
+log "building bin/sbx and $SBX_IMAGE"
 CGO_ENABLED=1 go build -o bin/sbx ./cmd/sbx
-docker build -q -f deploy/Dockerfile.local -t sbx:local . >&2
-log "done in $(($(date +%s) - start))s: debian:$SUITE-slim sbx-base:$SUITE $NATS_IMAGE sbx:local"
+docker build -q -f deploy/Dockerfile.local -t "$SBX_IMAGE" . >&2
+log "done in $(($(date +%s) - start))s: debian:$SUITE-slim sbx-base:$SUITE $NATS_IMAGE $SBX_IMAGE"
