@@ -49,6 +49,7 @@ type Job struct {
 	Session     string     `json:"session"`
 	Title       string     `json:"title"`
 	Command     string     `json:"command"`
+	Source      *Source    `json:"source,omitempty"`
 	Cwd         string     `json:"cwd"`
 	Readonly    bool       `json:"readonly"`
 	User        string     `json:"user,omitempty"`

@@ -81,7 +81,9 @@ type watch struct {
 	pattern  string
 	title    string // the title of the job's output notifications: the reason
 	debounce time.Duration
-	partial  []byte
+	// partial holds each stream's unfinished last line: [0] stdout (or both, interleaved), [1] the
+	// stderr of a job that reads it apart.
+	partial [2][]byte
 
 	matches   int       // lines that matched so far
 	windowEnd time.Time // end of the debounce window; zero when none is open
@@ -133,36 +135,44 @@ func matchTitle(n *OutputNotify) string {
 	return t
 }
 
-// feed takes newly contiguous output bytes.
-func (w *watch) feed(p []byte, now time.Time) {
+// feed takes newly contiguous output bytes of one stream: stdout (or both interleaved), or the
+// stderr of a job that reads it apart. A monitor's events are stdout lines only, as Claude Code's
+// Monitor's are; notify_on_output matches the lines of both.
+func (w *watch) feed(p []byte, stderr bool, now time.Time) {
+	s := 0
+	if stderr {
+		s = 1
+	}
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
-			w.partial = append(w.partial, p...)
-			if len(w.partial) >= maxLine {
-				w.line(string(w.partial), now)
-				w.partial = w.partial[:0]
+			w.partial[s] = append(w.partial[s], p...)
+			if len(w.partial[s]) >= maxLine {
+				w.line(string(w.partial[s]), stderr, now)
+				w.partial[s] = w.partial[s][:0]
 			}
 			break
 		}
 		var line string
-		if len(w.partial) > 0 {
-			line = string(append(w.partial, p[:i]...))
-			w.partial = w.partial[:0]
+		if len(w.partial[s]) > 0 {
+			line = string(append(w.partial[s], p[:i]...))
+			w.partial[s] = w.partial[s][:0]
 		} else {
 			line = string(p[:i])
 		}
-		w.line(strings.TrimRight(line, "\r"), now)
+		w.line(strings.TrimRight(line, "\r"), stderr, now)
 		p = p[i+1:]
 	}
 	w.flushMonitor()
 }
 
-// end handles the held partial line and flushes what is pending: the job ended.
+// end handles the held partial lines and flushes what is pending: the job ended.
 func (w *watch) end(now time.Time) {
-	if len(w.partial) > 0 {
-		w.line(strings.TrimRight(string(w.partial), "\r"), now)
-		w.partial = nil
+	for s, partial := range w.partial {
+		if len(partial) > 0 {
+			w.line(strings.TrimRight(string(partial), "\r"), s == 1, now)
+			w.partial[s] = nil
+		}
 	}
 	w.flushMonitor()
 	w.flushMatches()
@@ -181,11 +191,11 @@ func (w *watch) tick(now time.Time) {
 	w.windowEnd = time.Time{}
 }
 
-func (w *watch) line(line string, now time.Time) {
+func (w *watch) line(line string, stderr bool, now time.Time) {
 	if w.monStopped {
 		return // the stop notice was the monitor's last word
 	}
-	if w.monitor {
+	if w.monitor && !stderr {
 		if w.monStart.IsZero() || now.Sub(w.monStart) >= w.monWindow {
 			w.monStart, w.monCount = now, 0
 		}

@@ -21,11 +21,13 @@ type runDispatcher struct {
 	seq      uint64
 	withdraw bool
 	controls []*proto.Control
+	work     []*proto.Work
 }
 
-func (d *runDispatcher) Dispatch(context.Context, *proto.Work) (uint64, error) {
+func (d *runDispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.work = append(d.work, w)
 	d.seq++
 	return d.seq, nil
 }
@@ -569,6 +571,55 @@ func TestMonitor(t *testing.T) {
 	res, err := e.svc.Start(t.Context(), coordinator.StartRequest{Command: "tail -f x", Cwd: "/", Monitor: true, Persistent: true})
 	if err != nil || res.Job.Limits.TimeoutMS != 0 {
 		t.Fatalf("persistent monitor: %+v, %v", res, err)
+	}
+}
+
+// TestMonitorStdoutOnly: a monitor's work asks for stderr apart, and its events are stdout lines only
+// (each stream's partial line held apart), while notify_on_output matches both; a job that is no
+// monitor reads both as one.
+func TestMonitorStdoutOnly(t *testing.T) {
+	e := newEnv(t)
+	id := e.start(coordinator.StartRequest{
+		Monitor: true, Title: "deploy", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "FATAL", DebounceMS: 1},
+	})
+	e.disp.mu.Lock()
+	w := e.disp.work[len(e.disp.work)-1]
+	e.disp.mu.Unlock()
+	if !w.SeparateStderr {
+		t.Fatal("a monitor's work does not read stderr apart")
+	}
+	stderr := func(off int64, data string) {
+		t.Helper()
+		if err := e.svc.HandleChunk(t.Context(), &proto.Chunk{JobID: id, Offset: off, Data: []byte(data), Stderr: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.chunk(id, 0, "rea")              // stdout "rea…"
+	stderr(3, "warn: slow\nFATAL x\n") // 19 bytes of stderr between stdout's halves
+	e.chunk(id, 22, "dy\n")            // stdout's line ends: "ready"
+	e.exit(id, proto.ReasonExit, 0, 25)
+	var monitor, matched []string
+	for _, n := range e.notes("default", 0) {
+		switch n.Kind {
+		case coordinator.KindMonitor:
+			monitor = append(monitor, n.Detail)
+		case coordinator.KindOutput:
+			matched = append(matched, n.Detail)
+		}
+	}
+	if strings.Join(monitor, "|") != "ready" {
+		t.Errorf("monitor events %q, want only the stdout line", monitor)
+	}
+	if len(matched) != 1 || !strings.Contains(matched[0], "FATAL") {
+		t.Errorf("matches %q, want the stderr line's", matched)
+	}
+
+	plain := e.start(coordinator.StartRequest{})
+	e.disp.mu.Lock()
+	w = e.disp.work[len(e.disp.work)-1]
+	e.disp.mu.Unlock()
+	if w.JobID != plain || w.SeparateStderr {
+		t.Fatalf("a plain job's work %+v", w)
 	}
 }
 

@@ -22,7 +22,9 @@ const (
 
 // StartRequest asks for a job.
 type StartRequest struct {
-	Command  string
+	Command string
+	// Source, instead of Command, makes the job's output a WebSocket's messages, read by the runner.
+	Source   *Source
 	Cwd      string
 	Title    string
 	Env      map[string]string
@@ -48,10 +50,36 @@ type StartRequest struct {
 	NotificationFormat Format
 }
 
+// Source is where a job's output comes from when it runs no command.
+type Source = proto.Source
+
+// validateSource checks a source job's fields; its cwd, which nothing uses, defaults to "/".
+func (r *StartRequest) validateSource() error {
+	switch {
+	case r.Command != "":
+		return Errorf(EINVALID, "command and source exclude each other: give one.")
+	case r.Readonly:
+		return Errorf(EINVALID, "source: a readonly job has no network; a WebSocket source cannot be readonly.")
+	case r.Stdin:
+		return Errorf(EINVALID, "stdin: a WebSocket source takes no input.")
+	}
+	if err := r.Source.Validate(); err != nil {
+		return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
+	}
+	if r.Cwd == "" {
+		r.Cwd = "/"
+	}
+	return nil
+}
+
 // validate checks every field, naming the first one that is wrong, and fills defaults.
 func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error {
-	if strings.TrimSpace(r.Command) == "" {
-		return Errorf(EINVALID, "command is required and must not be blank.")
+	if r.Source != nil {
+		if err := r.validateSource(); err != nil {
+			return err
+		}
+	} else if strings.TrimSpace(r.Command) == "" {
+		return Errorf(EINVALID, "command is required and must not be blank (or give a source instead).")
 	}
 	if len(r.Command) > proto.MaxCommandBytes {
 		return Errorf(EINVALID, "command is %d bytes; the limit is %d.", len(r.Command), proto.MaxCommandBytes)
@@ -76,6 +104,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	}
 	if r.Title == "" {
 		r.Title = DefaultTitle(r.Command)
+		if r.Source != nil {
+			r.Title = DefaultTitle(r.Source.WS)
+		}
 	}
 	if err := proto.ValidateEnv(r.Env); err != nil {
 		return Errorf(EINVALID, "env: %s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))

@@ -144,11 +144,45 @@ type liveJob struct {
 	sessionEnded bool
 	quiet        bool
 	watch        *watch // nil when nothing watches the output
+	// errSpans are the byte ranges [off, end) of the body that came from stderr's own pipe (a
+	// monitor reads it apart), kept until the watch has seen them.
+	errSpans []span
 	// lastGrowth is when the body last grew; stallChecked is set once the current quiet spell was
 	// looked at for a prompt, stallNotified once a stall was notified (once per job).
 	lastGrowth    time.Time
 	stallChecked  bool
 	stallNotified bool
+}
+
+// span is a byte range [off, end) of a job's output.
+type span struct{ off, end int64 }
+
+// feedWatch hands the body's bytes [from, from+len(data)) to the watch, each run of them as the
+// stream it came from, and forgets the stderr spans the watch has now seen.
+func (l *liveJob) feedWatch(data []byte, from int64, now time.Time) {
+	for len(data) > 0 {
+		end := from + int64(len(data))
+		stderr, until := false, end
+		for _, sp := range l.errSpans {
+			if sp.off <= from && from < sp.end {
+				stderr, until = true, min(end, sp.end)
+				break
+			}
+			if sp.off > from && sp.off < until {
+				until = sp.off
+			}
+		}
+		n := until - from
+		l.watch.feed(data[:n], stderr, now)
+		data, from = data[n:], until
+	}
+	kept := l.errSpans[:0]
+	for _, sp := range l.errSpans {
+		if sp.end > l.size {
+			kept = append(kept, sp)
+		}
+	}
+	l.errSpans = kept
 }
 
 // wrote records a chunk written at [off, end) and reports whether the gap-free body grew.
@@ -241,7 +275,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	}
 	now := s.cfg.Now()
 	job := &Job{
-		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Cwd: req.Cwd,
+		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Source: req.Source, Cwd: req.Cwd,
 		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
 		NotificationFormat: req.NotificationFormat,
@@ -256,6 +290,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	work := &proto.Work{
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
 		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
+		SeparateStderr: job.Monitor, Source: job.Source,
 	}
 
 	s.mu.Lock()
@@ -768,6 +803,9 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 	defer s.mu.Unlock()
 	s.stats.OutputBytes += int64(len(c.Data))
 	old, end := l.size, c.Offset+int64(len(c.Data))
+	if c.Stderr && l.watch != nil && end > l.size {
+		l.errSpans = append(l.errSpans, span{c.Offset, end})
+	}
 	if l.wrote(c.Offset, end) {
 		l.lastGrowth, l.stallChecked = s.cfg.Now(), false
 		if err := s.watchOutputLocked(ctx, l, old, c); err != nil {
@@ -797,7 +835,7 @@ func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, 
 			return err
 		}
 	}
-	l.watch.feed(data, s.cfg.Now())
+	l.feedWatch(data, old, s.cfg.Now())
 	if err := s.addNotesLocked(ctx, l, l.watch.take()); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -100,6 +101,30 @@ type Work struct {
 	Linger bool `json:"linger,omitempty"`
 	// Stdin gives the job a pipe as its standard input, written through OpStdin; else /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
+	// SeparateStderr reads standard error apart from standard output and marks its chunks (a
+	// monitor's events are stdout lines only); both still go into the one output, in read order.
+	SeparateStderr bool `json:"separate_stderr,omitempty"`
+	// Source, instead of Command, makes the job's output the messages of a WebSocket the runner
+	// reads; the job runs no process.
+	Source *Source `json:"source,omitempty"`
+}
+
+// Source is where a job's output comes from when it runs no command.
+type Source struct {
+	// WS is a ws:// or wss:// URL; each message received is one or more output lines.
+	WS string `json:"ws"`
+}
+
+// Validate checks the source's URL.
+func (s *Source) Validate() error {
+	if len(s.WS) > MaxPathBytes {
+		return invalid("source.ws is %d bytes, at most %d", len(s.WS), MaxPathBytes)
+	}
+	u, err := url.Parse(s.WS)
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+		return invalid("source.ws %q must be a ws:// or wss:// URL", s.WS)
+	}
+	return nil
 }
 
 // Shells a job may ask for.
@@ -119,7 +144,18 @@ func (w *Work) Validate() error {
 	if !ValidToken(w.Pool) {
 		return invalid("pool %q is not a token", w.Pool)
 	}
-	if w.Command == "" || len(w.Command) > MaxCommandBytes {
+	switch {
+	case w.Source != nil:
+		if w.Command != "" {
+			return invalid("a job has a command or a source, not both")
+		}
+		if w.Readonly {
+			return invalid("a readonly job has no network: it cannot have a source")
+		}
+		if err := w.Source.Validate(); err != nil {
+			return err
+		}
+	case w.Command == "" || len(w.Command) > MaxCommandBytes:
 		return invalid("command must be 1..%d bytes", MaxCommandBytes)
 	}
 	if len(w.Cwd) == 0 || w.Cwd[0] != '/' || len(w.Cwd) > MaxPathBytes {
@@ -257,8 +293,9 @@ func (e *Event) Validate() error {
 	switch e.Kind {
 	case EventAccepted:
 	case EventStarted:
-		if e.Pid <= 0 {
-			return invalid("started event needs a pid, got %d", e.Pid)
+		// 0: the job has no process of its own (a WebSocket source).
+		if e.Pid < 0 {
+			return invalid("started event has pid %d", e.Pid)
 		}
 	case EventExited:
 		if !reasons[e.Reason] {
@@ -308,15 +345,23 @@ type Chunk struct {
 	JobID  string
 	Offset int64
 	Data   []byte
+	// Stderr marks bytes read from standard error's own pipe (Work.SeparateStderr); otherwise the
+	// chunk is stdout, or both interleaved.
+	Stderr bool
 }
 
-// Headers returns the NATS headers of the chunk: its offset and its de-duplication id.
+// Headers returns the NATS headers of the chunk: its offset, its de-duplication id and, for
+// standard error's bytes, its stream.
 func (c *Chunk) Headers() map[string][]string {
 	off := strconv.FormatInt(c.Offset, 10)
-	return map[string][]string{
+	h := map[string][]string{
 		HeaderOffset: {off},
 		HeaderMsgID:  {c.JobID + ":o:" + off},
 	}
+	if c.Stderr {
+		h[HeaderStream] = []string{StreamStderr}
+	}
+	return h
 }
 
 // DecodeChunk validates a chunk from its subject, headers and payload. The payload is not copied.
@@ -336,7 +381,14 @@ func DecodeChunk(subject string, headers map[string][]string, data []byte) (*Chu
 	if len(data) == 0 || len(data) > MaxChunkBytes {
 		return nil, invalid("chunk of %d bytes, want 1..%d", len(data), MaxChunkBytes)
 	}
-	return &Chunk{JobID: job, Offset: offset, Data: data}, nil
+	var stderr bool
+	if v := headers[HeaderStream]; len(v) > 0 {
+		if v[0] != StreamStderr {
+			return nil, invalid("chunk stream %q is not %q", v[0], StreamStderr)
+		}
+		stderr = true
+	}
+	return &Chunk{JobID: job, Offset: offset, Data: data, Stderr: stderr}, nil
 }
 
 // Control operations.

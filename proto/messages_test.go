@@ -24,6 +24,11 @@ func TestWorkRoundTrip(t *testing.T) {
 	if got.JobID != w.JobID || got.Env["A"] != "b" || got.Limits.Pids != 40 || got.User != w.User {
 		t.Fatalf("round trip changed the message: %+v", got)
 	}
+	w = validWork()
+	w.Command, w.Source = "", &Source{WS: "wss://example.com:8443/events?x=1"}
+	if got, err = DecodeWork(Encode(&w)); err != nil || got.Source == nil || got.Source.WS != w.Source.WS {
+		t.Fatalf("source work: %+v, %v", got, err)
+	}
 }
 
 func TestDecodeWorkRejects(t *testing.T) {
@@ -46,6 +51,10 @@ func TestDecodeWorkRejects(t *testing.T) {
 		{"user with colon", func(w *Work) { w.User = "a:b" }, "user"},
 		{"user starting with -", func(w *Work) { w.User = "-r" }, "user"},
 		{"long user", func(w *Work) { w.User = strings.Repeat("u", MaxUserBytes+1) }, "user"},
+		{"command and source", func(w *Work) { w.Source = &Source{WS: "ws://h/x"} }, "not both"},
+		{"http source", func(w *Work) { w.Command, w.Source = "", &Source{WS: "http://h/x"} }, "source.ws"},
+		{"source without host", func(w *Work) { w.Command, w.Source = "", &Source{WS: "ws:///x"} }, "source.ws"},
+		{"readonly source", func(w *Work) { w.Command, w.Readonly, w.Source = "", true, &Source{WS: "ws://h/x"} }, "readonly"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,7 +83,8 @@ func TestEventValidate(t *testing.T) {
 	}{
 		{"accepted", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Time: now}, true},
 		{"started", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now, Pid: 7}, true},
-		{"started without pid", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now}, false},
+		{"started without a process", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now}, true},
+		{"started with a negative pid", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now, Pid: -1}, false},
 		{"exited", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, ExitCode: &code, Reason: ReasonExit}, true},
 		{"exited without code", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonExit}, false},
 		{"killed before start", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonKilled}, true},
@@ -112,6 +122,18 @@ func TestChunkRoundTrip(t *testing.T) {
 	}
 	if _, err := DecodeChunk(StateSubject("j1"), c.Headers(), c.Data); err == nil {
 		t.Fatal("a chunk on a state subject accepted")
+	}
+	if got.Stderr {
+		t.Fatal("a stdout chunk decoded as stderr")
+	}
+	e := Chunk{JobID: "j1", Offset: 3, Data: []byte("oops"), Stderr: true}
+	if got, err := DecodeChunk(OutputSubject("j1"), e.Headers(), e.Data); err != nil || !got.Stderr {
+		t.Fatalf("stderr chunk = %+v, %v", got, err)
+	}
+	h = e.Headers()
+	h[HeaderStream] = []string{"stdin"}
+	if _, err := DecodeChunk(OutputSubject("j1"), h, e.Data); err == nil {
+		t.Fatal("an unknown stream accepted")
 	}
 }
 

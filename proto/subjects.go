@@ -77,7 +77,12 @@ const (
 	HeaderOffset = "Sbx-Offset"
 	// HeaderMsgID is JetStream's de-duplication header.
 	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderStream names an output chunk's stream when it is not stdout: StreamStderr.
+	HeaderStream = "Sbx-Stream"
 )
+
+// StreamStderr is HeaderStream's value for standard error's bytes.
+const StreamStderr = "stderr"
 
 // ValidToken reports whether s can be one token of a subject and a cgroup name: 1–64 characters of
 // [A-Za-z0-9_-]. Job ids, runner ids and pool names must be tokens.

@@ -28,7 +28,7 @@ type job struct {
 	id string
 
 	mu     sync.Mutex
-	proc   *sandbox.Process // nil until started
+	proc   process // nil until started
 	reason string           // why the runner stopped it; "" while it was not stopped
 	why    string
 
@@ -149,11 +149,18 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	})
 }
 
-// start starts the job's shell in its cgroup. A readonly job runs in the readonly sandbox or not at
+// start starts the job's shell in its cgroup, or opens its source. A readonly job runs in the readonly sandbox or not at
 // all: on a runner whose probe failed it fails to start, whatever subject it came on.
-func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
+func (r *Runner) start(w *proto.Work) (process, error) {
 	if w.Readonly && !r.readonly.ok {
 		return nil, fmt.Errorf("runner %s cannot run readonly jobs: %s", r.cfg.ID, r.readonly.reason)
+	}
+	if w.Source != nil {
+		src, err := dialSource(w.Source)
+		if err != nil {
+			return nil, err // not a typed nil in the interface
+		}
+		return src, nil
 	}
 	if fi, err := os.Stat(w.Cwd); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("cwd %s is not a directory on runner %s", w.Cwd, r.cfg.ID)
@@ -180,16 +187,17 @@ func (r *Runner) start(w *proto.Work) (*sandbox.Process, error) {
 		return nil, err
 	}
 	return r.mgr.Start(sandbox.Spec{
-		Credential: cred,
-		Linger:     w.Linger,
-		Stdin:      w.Stdin,
-		ID:         w.JobID,
-		Path:       shell,
-		Args:       []string{filepath.Base(shell), "-c", w.Command},
-		Dir:        w.Cwd,
-		Env:        env,
-		Resources:  resources(w.Limits),
-		Readonly:   w.Readonly,
+		Credential:     cred,
+		Linger:         w.Linger,
+		Stdin:          w.Stdin,
+		SeparateStderr: w.SeparateStderr,
+		ID:             w.JobID,
+		Path:           shell,
+		Args:           []string{filepath.Base(shell), "-c", w.Command},
+		Dir:            w.Cwd,
+		Env:            env,
+		Resources:      resources(w.Limits),
+		Readonly:       w.Readonly,
 	})
 }
 

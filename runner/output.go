@@ -7,13 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/proto"
-	"github.com/sbx-dev/sbx/sandbox"
 )
 
 // deadliner is an output pipe whose reads can time out, so that small writes can be gathered.
@@ -26,44 +26,80 @@ type deadliner interface {
 // same connection and through the same window, so the stream holds it before any chunk, and the job
 // runs while it is acked. It never drops a byte: while a chunk cannot be published it stops reading, and
 // the job blocks on write. Past limit bytes (when > 0) the job is stopped as output_limit and the
-// rest is read and discarded. It returns the number of bytes published.
-func (r *Runner) pump(ctx context.Context, j *job, proc *sandbox.Process, started *nats.Msg, limit int64, log *slog.Logger) int64 {
-	out := proc.Output()
+// rest is read and discarded. A job whose standard error has a pipe of its own (Errors) has both read
+// at once into the one output, stderr's chunks marked. It returns the number of bytes published.
+func (r *Runner) pump(ctx context.Context, j *job, proc process, started *nats.Msg, limit int64, log *slog.Logger) int64 {
 	pctx, cancel := r.finalContext(ctx, context.WithoutCancel(ctx))
 	defer cancel()
 	pub := &publisher{r: r, ctx: pctx, log: log}
 	if !pub.send(started) {
 		j.stop(proto.ReasonKilled, "the runner lost its connection to NATS")
 	}
-	buf := make([]byte, proto.MaxChunkBytes)
+	// Unbuffered: a reader waits for the chunk before it to be handed over, so while publishing
+	// blocks nothing more is read.
+	pieces := make(chan piece)
+	var readers sync.WaitGroup
+	for _, src := range []struct {
+		out    io.Reader
+		stderr bool
+	}{{proc.Output(), false}, {proc.Errors(), true}} {
+		if src.out == nil {
+			continue
+		}
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			r.readAll(src.out, src.stderr, pieces, log)
+		}()
+	}
+	go func() { readers.Wait(); close(pieces) }()
+
 	var off int64
-	for {
-		n, err := r.read(out, buf)
-		data := buf[:n]
-		if limit > 0 && off+int64(n) > limit {
+	full := false // past the limit: read and discard the rest
+	for p := range pieces {
+		if full {
+			continue
+		}
+		data := p.data
+		if limit > 0 && off+int64(len(data)) > limit {
 			data = data[:limit-off]
+			full = true
 			j.stop(proto.ReasonOutputLimit, fmt.Sprintf("the output reached its limit of %d bytes", limit))
 		}
-		if len(data) > 0 {
-			c := &proto.Chunk{JobID: j.id, Offset: off, Data: append([]byte(nil), data...)}
-			if !pub.send(&nats.Msg{Subject: proto.OutputSubject(j.id), Data: c.Data, Header: nats.Header(c.Headers())}) {
-				j.stop(proto.ReasonKilled, "the runner could not publish the output")
-			}
-			off += int64(len(data))
+		if len(data) == 0 {
+			continue
 		}
-		if len(data) < n {
-			_, _ = io.Copy(io.Discard, out)
-			break
+		c := &proto.Chunk{JobID: j.id, Offset: off, Data: data, Stderr: p.stderr}
+		if !pub.send(&nats.Msg{Subject: proto.OutputSubject(j.id), Data: c.Data, Header: nats.Header(c.Headers())}) {
+			j.stop(proto.ReasonKilled, "the runner could not publish the output")
 		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				log.Warn("read output", "err", err)
-			}
-			break
-		}
+		off += int64(len(data))
 	}
 	pub.flush()
 	return off
+}
+
+// piece is what one read of a job's pipe gave.
+type piece struct {
+	data   []byte
+	stderr bool
+}
+
+// readAll reads out to EOF, handing each read's bytes (gathered for up to Coalesce) to pieces.
+func (r *Runner) readAll(out io.Reader, stderr bool, pieces chan<- piece, log *slog.Logger) {
+	buf := make([]byte, proto.MaxChunkBytes)
+	for {
+		n, err := r.read(out, buf)
+		if n > 0 {
+			pieces <- piece{data: append([]byte(nil), buf[:n]...), stderr: stderr}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				log.Warn("read output", "stderr", stderr, "err", err)
+			}
+			return
+		}
+	}
 }
 
 // read reads at least one byte and then, for up to Coalesce, whatever else arrives, up to len(buf).

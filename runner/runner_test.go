@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +38,7 @@ type harness struct {
 	mu     sync.Mutex
 	events map[string][]*proto.Event
 	output map[string]map[int64][]byte // job → offset → chunk: a retried publish may land late
+	stderr map[string]map[int64]bool   // job → offsets of the chunks marked stderr
 	change chan struct{}
 }
 
@@ -83,7 +85,7 @@ func newHarnessWith(t *testing.T, eventBytes int64) *harness {
 	if _, err := js.CreateStream(ctx, events); err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, nc: nc, js: js, events: map[string][]*proto.Event{}, output: map[string]map[int64][]byte{}, change: make(chan struct{})}
+	return &harness{t: t, nc: nc, js: js, events: map[string][]*proto.Event{}, output: map[string]map[int64][]byte{}, stderr: map[string]map[int64]bool{}, change: make(chan struct{})}
 }
 
 // consume records every event of the event stream, acking each.
@@ -108,6 +110,12 @@ func (h *harness) consume() {
 				h.output[job] = map[int64][]byte{}
 			}
 			h.output[job][c.Offset] = bytes.Clone(c.Data)
+			if c.Stderr {
+				if h.stderr[job] == nil {
+					h.stderr[job] = map[int64]bool{}
+				}
+				h.stderr[job][c.Offset] = true
+			}
 		} else {
 			e, err := proto.DecodeEvent(m.Data())
 			if err != nil {
@@ -246,6 +254,47 @@ func TestRunJob(t *testing.T) {
 				t.Fatalf("events %v", kinds)
 			}
 		})
+	}
+}
+
+// TestSeparateStderr: a job whose work asks for it has its stderr read apart: the chunks of each
+// stream carry only that stream's bytes, stderr's marked, at offsets of the one output.
+func TestSeparateStderr(t *testing.T) {
+	h := newHarness(t)
+	h.startRunner(Config{Slots: 2})
+	id := h.submitWork(proto.WorkSubject("default", proto.CapPlain), &proto.Work{
+		JobID: fmt.Sprintf("apart-%d", time.Now().UnixNano()), SeparateStderr: true,
+		Command: "echo o1; echo e1 >&2; sleep 0.2; echo o2; sleep 0.2; echo e2 >&2",
+	})
+	e := h.exited(id, 20*time.Second)
+	if e.OutputBytes != 12 {
+		t.Fatalf("output_bytes %d, want 12", e.OutputBytes)
+	}
+	all := h.out(id)
+	h.mu.Lock()
+	var stdout, stderr string
+	for _, off := range slices.Sorted(maps.Keys(h.output[id])) {
+		if data := h.output[id][off]; h.stderr[id][off] {
+			stderr += string(data)
+		} else {
+			stdout += string(data)
+		}
+	}
+	h.mu.Unlock()
+	if all != "o1\ne1\no2\ne2\n" && all != "e1\no1\no2\ne2\n" {
+		t.Errorf("output %q", all)
+	}
+	if stdout != "o1\no2\n" || stderr != "e1\ne2\n" {
+		t.Errorf("stdout chunks %q, stderr chunks %q", stdout, stderr)
+	}
+
+	id = h.submit("echo out; echo err >&2", proto.Limits{})
+	h.exited(id, 20*time.Second)
+	h.mu.Lock()
+	marked := len(h.stderr[id])
+	h.mu.Unlock()
+	if marked != 0 || h.out(id) != "out\nerr\n" {
+		t.Errorf("a job without separate_stderr: %d stderr chunks, output %q", marked, h.out(id))
 	}
 }
 

@@ -38,6 +38,7 @@ type Process struct {
 	g     group
 	grace time.Duration
 	out   *output
+	errs  *output  // standard error's own pipe (Spec.SeparateStderr); nil when it shares out
 	in    *os.File // the write end of the job's stdin (Spec.Stdin); nil when it reads /dev/null
 
 	done   chan struct{} // closed when result and err are set and the cgroup is gone
@@ -84,13 +85,33 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 	if dir == "" {
 		dir = "/"
 	}
+	// The parent's ends the child gets: closed once it has started, so that EOF means what it says.
+	childEnds := []*os.File{w}
+	// parentEnds are the parent's own ends, closed when the start fails.
+	parentEnds := []*os.File{r}
+	closeAll := func() {
+		for _, f := range append(childEnds, parentEnds...) {
+			f.Close()
+		}
+	}
+	stderr := w // one *os.File for both: the child gets the same pipe on fd 1 and 2, order kept
+	var errs *output
+	if spec.SeparateStderr {
+		er, ew, err := os.Pipe()
+		if err != nil {
+			closeAll()
+			return fail(fmt.Errorf("error pipe: %w", err))
+		}
+		stderr, errs = ew, &output{f: er, closed: make(chan struct{})}
+		childEnds, parentEnds = append(childEnds, ew), append(parentEnds, er)
+	}
 	cmd := &exec.Cmd{
 		Path:       spec.Path,
 		Args:       args,
 		Env:        env,
 		Dir:        dir,
-		Stdout:     w, // one *os.File for both: the child gets the same pipe on fd 1 and 2, order kept
-		Stderr:     w,
+		Stdout:     w,
+		Stderr:     stderr,
 		ExtraFiles: files,
 		SysProcAttr: &syscall.SysProcAttr{
 			Setpgid:   true,
@@ -107,39 +128,30 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		// v1's prepare moves it into the init step, which drops to it after joining the cgroup.
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
 	}
-	// The parent's ends the child gets: closed once it has started, so that EOF means what it says.
-	childEnds := []*os.File{w}
 	var in *os.File
 	if spec.Stdin {
 		inR, inW, err := os.Pipe()
 		if err != nil {
-			r.Close()
-			w.Close()
+			closeAll()
 			return fail(fmt.Errorf("input pipe: %w", err))
 		}
 		cmd.Stdin, in = inR, inW
-		childEnds = append(childEnds, inR)
+		childEnds, parentEnds = append(childEnds, inR), append(parentEnds, inW)
 	}
 	started, err := prepare(cmd)
 	if err != nil {
-		r.Close()
-		for _, f := range append(childEnds, in) {
-			if f != nil {
-				f.Close()
-			}
-		}
+		closeAll()
 		return fail(err)
 	}
 	p := &Process{
-		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{})}, in: in, done: make(chan struct{}),
+		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{})}, errs: errs, in: in, done: make(chan struct{}),
 		kicked: make(chan struct{}), release: release, linger: spec.Linger,
 	}
 	startErr := make(chan error, 1)
 	go p.run(cmd, childEnds, started, startErr)
 	if err := <-startErr; err != nil {
-		r.Close()
-		if in != nil {
-			in.Close()
+		for _, f := range parentEnds { // run closed the child's
+			f.Close()
 		}
 		return fail(err)
 	}
@@ -206,9 +218,14 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 	linger := p.linger
 	p.mu.Unlock()
 	if linger {
-		select {
-		case <-p.out.closed:
-		case <-p.kicked:
+		for _, o := range []*output{p.out, p.errs} {
+			if o == nil {
+				continue
+			}
+			select {
+			case <-o.closed:
+			case <-p.kicked:
+			}
 		}
 	}
 	p.mu.Lock()
@@ -242,8 +259,8 @@ func (p *Process) Pid() int { return p.pid }
 // not read (it has SetWriteDeadline, as *os.File does).
 func (p *Process) Input() *os.File { return p.in }
 
-// Output is one pipe carrying stdout and stderr interleaved in the order written. Nothing is
-// buffered inside sandbox: a job blocks on write while the caller does not read, so read it
+// Output is one pipe carrying stdout and stderr interleaved in the order written (stdout alone with
+// Spec.SeparateStderr). Nothing is buffered inside sandbox: a job blocks on write while the caller does not read, so read it
 // concurrently with Wait and, after Wait returns, until EOF. EOF arrives once every process in the
 // cgroup is dead, which Wait ensures; the pipe is closed at EOF. Read it from one goroutine.
 //
@@ -251,6 +268,15 @@ func (p *Process) Input() *os.File { return p.in }
 // returns an error matching os.ErrDeadlineExceeded and consumes nothing, so a caller can gather
 // small writes into one chunk for a while and then send what it has.
 func (p *Process) Output() io.Reader { return p.out }
+
+// Errors is standard error's own pipe when Spec.SeparateStderr asked for one, else nil (it shares
+// Output). It behaves as Output does, and must be read to EOF as well, from a goroutine of its own.
+func (p *Process) Errors() io.Reader {
+	if p.errs == nil {
+		return nil
+	}
+	return p.errs
+}
 
 // Signal sends sig to the job's process group. Once the main process has exited it returns
 // os.ErrProcessDone: the group id may then belong to someone else.

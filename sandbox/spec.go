@@ -40,6 +40,11 @@ type Spec struct {
 	// Stdin gives the job a pipe as its standard input (Process.Input); without it, /dev/null. A job
 	// with input always starts cold (warm init steps have /dev/null already).
 	Stdin bool
+	// SeparateStderr gives standard error a pipe of its own (Process.Errors) instead of sharing
+	// standard output's, for a caller that treats the two apart (a monitor reads stdout lines only).
+	// The order between the two is then only the order they are read in. Such a job starts cold
+	// (warm init steps have the shared pipe already).
+	SeparateStderr bool
 	// Linger keeps the job going after its main process exits, until its output closes: until every
 	// process holding the pipe (a background child printing) has exited or closed it. Without it,
 	// whatever is left in the cgroup is killed when the main process exits.

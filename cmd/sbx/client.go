@@ -189,6 +189,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	notifyOn := fs.String("notify-on", "", "notify when an output line matches this RE2 pattern")
 	fs.BoolVar(&req.Monitor, "monitor", false, "notify every output line (stopped if it prints too fast)")
 	fs.BoolVar(&req.Persistent, "persistent", false, "with --monitor: no default timeout")
+	ws := fs.String("ws", "", "instead of a command, a ws:// or wss:// URL whose messages are the output (read by the runner)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -196,7 +197,12 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 		req.NotifyOnOutput = &client.NotifyOnOutput{Pattern: *notifyOn, Reason: *notifyOn}
 	}
 	command := fs.Args()
-	if len(command) == 0 {
+	switch {
+	case *ws != "" && len(command) > 0:
+		return usageError("run: give a command or --ws URL, not both")
+	case *ws != "":
+		req.Source = &client.Source{WS: *ws}
+	case len(command) == 0:
 		return usageError("run: give the command after --, e.g. sbx run -- make test")
 	}
 	req.Command = strings.Join(command, " ")

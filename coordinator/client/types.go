@@ -17,18 +17,19 @@ const (
 // Job is the API's job object. Nullable fields are pointers and encode as null, so that encoding
 // a Job gives back the API's object.
 type Job struct {
-	ID       string `json:"id"`
-	Session  string `json:"session"`
-	Title    string `json:"title"`
-	Command  string `json:"command"`
-	Cwd      string `json:"cwd"`
-	Readonly bool   `json:"readonly"`
-	User     string `json:"user"`
-	Shell    string `json:"shell"`
-	Linger   bool   `json:"linger"`
-	Stdin    bool   `json:"stdin"`
-	Pool     string `json:"pool"`
-	Status   string `json:"status"`
+	ID       string  `json:"id"`
+	Session  string  `json:"session"`
+	Title    string  `json:"title"`
+	Command  string  `json:"command"`
+	Source   *Source `json:"source"`
+	Cwd      string  `json:"cwd"`
+	Readonly bool    `json:"readonly"`
+	User     string  `json:"user"`
+	Shell    string  `json:"shell"`
+	Linger   bool    `json:"linger"`
+	Stdin    bool    `json:"stdin"`
+	Pool     string  `json:"pool"`
+	Status   string  `json:"status"`
 	// QueuedReason says why a queued job has not started yet.
 	QueuedReason *string    `json:"queued_reason"`
 	Reason       string     `json:"reason"`
@@ -70,9 +71,15 @@ type Usage struct {
 	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
 }
 
-// StartRequest asks for a job. Command and Cwd are required; the rest defaults.
+// Source is where a job's output comes from when it runs no command: a WebSocket's messages.
+type Source struct {
+	WS string `json:"ws"`
+}
+
+// StartRequest asks for a job. Command (or Source) and Cwd are required; the rest defaults.
 type StartRequest struct {
-	Command  string            `json:"command"`
+	Command  string            `json:"command,omitempty"`
+	Source   *Source           `json:"source,omitempty"`
 	Cwd      string            `json:"cwd"`
 	Title    string            `json:"title,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`

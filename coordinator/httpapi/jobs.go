@@ -18,6 +18,7 @@ const MaxPatternBytes = 4096
 // startBody is the body of POST /v1/jobs.
 type startBody struct {
 	Command      string            `json:"command"`
+	Source       *sourceView       `json:"source"`
 	Cwd          string            `json:"cwd"`
 	Title        string            `json:"title"`
 	Env          map[string]string `json:"env"`
@@ -73,8 +74,12 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	if b.Session != "" {
 		s.svc.TouchSession(b.Session)
 	}
+	var source *coordinator.Source
+	if b.Source != nil {
+		source = &coordinator.Source{WS: b.Source.WS}
+	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
-		NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
+		Source: source, NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
 		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, Stdin: b.Stdin,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{

@@ -10,18 +10,20 @@ import (
 // than serializing that, which carries internal fields (work_seq, accepted_at). Unset values are
 // null, not absent: exit_code until the end, pid before the start, started_at, ended_at, usage.
 type jobView struct {
-	ID       string `json:"id"`
-	Session  string `json:"session"`
-	Title    string `json:"title"`
-	Command  string `json:"command"`
-	Cwd      string `json:"cwd"`
-	Readonly bool   `json:"readonly"`
-	User     string `json:"user"`
-	Shell    string `json:"shell"`
-	Linger   bool   `json:"linger"`
-	Stdin    bool   `json:"stdin"`
-	Pool     string `json:"pool"`
-	Status   string `json:"status"`
+	ID      string `json:"id"`
+	Session string `json:"session"`
+	Title   string `json:"title"`
+	Command string `json:"command"`
+	// Source is null for a command; {ws} for a job whose output is a WebSocket's messages.
+	Source   *sourceView `json:"source"`
+	Cwd      string      `json:"cwd"`
+	Readonly bool        `json:"readonly"`
+	User     string      `json:"user"`
+	Shell    string      `json:"shell"`
+	Linger   bool        `json:"linger"`
+	Stdin    bool        `json:"stdin"`
+	Pool     string      `json:"pool"`
+	Status   string      `json:"status"`
 	// QueuedReason says why a queued job has not started yet; null otherwise.
 	QueuedReason *string    `json:"queued_reason"`
 	Reason       string     `json:"reason"`
@@ -41,6 +43,11 @@ type jobView struct {
 	NotifyOnOutput *notifyView `json:"notify_on_output"`
 	Monitor        bool        `json:"monitor"`
 	Persistent     bool        `json:"persistent"`
+}
+
+// sourceView is a job's source, in a start's body and in the job object.
+type sourceView struct {
+	WS string `json:"ws"`
 }
 
 // notifyView is notify_on_output, in a start's body and in the job object.
@@ -89,6 +96,9 @@ func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	if j.ExitCode != nil {
 		c := *j.ExitCode
 		v.ExitCode = &c
+	}
+	if j.Source != nil {
+		v.Source = &sourceView{WS: j.Source.WS}
 	}
 	if j.Pid != 0 {
 		p := j.Pid

@@ -117,7 +117,11 @@ func header(job *coordinator.Job) []byte {
 	b.WriteString("---\n")
 	fmt.Fprintf(&b, "pid: %d\n", job.Pid)
 	fmt.Fprintf(&b, "cwd: %s\n", quoted(job.Cwd))
-	fmt.Fprintf(&b, "command: %s\n", quoted(job.Command))
+	command := job.Command
+	if job.Source != nil {
+		command = job.Source.WS // what the job runs: its source
+	}
+	fmt.Fprintf(&b, "command: %s\n", quoted(command))
 	fmt.Fprintf(&b, "title: %s\n", quoted(job.Title))
 	fmt.Fprintf(&b, "status: %s\n", pad(string(job.Status)))
 	fmt.Fprintf(&b, "started_at: %s\n", started.UTC().Format(timeLayout))
