@@ -403,7 +403,7 @@ func TestComposeFleet(t *testing.T) {
 		f.docker("kill", container)
 		killed := time.Now()
 		t.Cleanup(func() { f.docker("start", container) })
-		for i, id := range ids {
+		for _, id := range ids {
 			j := waitStatus(t, ctx, c, id, time.Minute, ended)
 			if j.Runner == victim {
 				if j.Reason != "lost" || j.EndedAt.Sub(killed) > composeRunnerDeadline+5*time.Second {
@@ -413,7 +413,6 @@ func TestComposeFleet(t *testing.T) {
 			} else {
 				checkOutput(t, ctx, c, id, 100)
 			}
-			_ = i
 		}
 		finishedOnce(t, ctx, c, "kill-runner", ids)
 		startedOnce(t, f.startLog(), tg)
@@ -426,9 +425,13 @@ func TestComposeFleet(t *testing.T) {
 		for _, id := range ids {
 			waitStatus(t, ctx, c, id, 30*time.Second, running)
 		}
+		restarted := time.Now()
 		f.must("restart", "--timeout", "2", "nats")
 		for _, id := range ids {
-			waitStatus(t, ctx, c, id, 90*time.Second, ended)
+			j := waitStatus(t, ctx, c, id, 90*time.Second, ended)
+			if j.EndedAt.Before(restarted) {
+				t.Errorf("job %s ended at %s, before NATS restarted at %s: the case tests nothing", id, j.EndedAt, restarted)
+			}
 			checkOutput(t, ctx, c, id, n)
 		}
 		after := startJobs(t, ctx, c, "restart-nats", []string{"nats-after"}, 0, 10)
@@ -447,6 +450,7 @@ func TestComposeFleet(t *testing.T) {
 		}
 		coord := f.container("coordinator")
 		f.docker("kill", coord)
+		killed := time.Now()
 		time.Sleep(2 * time.Second)
 		f.docker("start", coord)
 		c = f.client() // the published port may have changed
@@ -460,6 +464,9 @@ func TestComposeFleet(t *testing.T) {
 			}
 			if j == nil || !j.Ended() {
 				t.Fatalf("job %s did not end after the coordinator restarted: %+v", id, j)
+			}
+			if j.EndedAt.Before(killed) {
+				t.Errorf("job %s ended at %s, before the coordinator was killed at %s: the case tests nothing", id, j.EndedAt, killed)
 			}
 			checkOutput(t, ctx, c, id, n)
 		}
