@@ -29,7 +29,7 @@ type job struct {
 
 	mu     sync.Mutex
 	proc   process // nil until started
-	reason string           // why the runner stopped it; "" while it was not stopped
+	reason string  // why the runner stopped it; "" while it was not stopped
 	why    string
 
 	// inMu serialises writes to the job's input; inClosed is set once it is closed.
