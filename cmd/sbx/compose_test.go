@@ -441,6 +441,26 @@ func TestComposeFleet(t *testing.T) {
 		startedOnce(t, f.startLog(), append(tg, "nats-after"))
 	})
 
+	t.Run("refused-start", func(t *testing.T) {
+		// A start refused while NATS is down must never run, or a client that retries runs it twice.
+		f.must("stop", "--timeout", "2", "nats")
+		_, err := c.Start(ctx, client.StartRequest{Command: workload("refused-0", 0, 1), Cwd: "/workspace", Session: "refused-start"})
+		time.Sleep(8 * time.Second)
+		f.must("start", "nats")
+		if err == nil {
+			t.Fatalf("a start with NATS down for 8 s was accepted")
+		}
+		t.Logf("start with NATS down: %v", err)
+		// Once NATS is back and a later job has run, a buffered publish of the refused start would have.
+		after := startJobs(t, ctx, c, "refused-start", []string{"refused-after"}, 0, 1)
+		waitStatus(t, ctx, c, after[0], time.Minute, ended)
+		time.Sleep(2 * time.Second)
+		startedOnce(t, f.startLog(), []string{"refused-after"})
+		if log := f.startLog(); strings.Contains(log, "refused-0") {
+			t.Errorf("the start refused with %v ran after NATS came back", err)
+		}
+	})
+
 	t.Run("kill-coordinator", func(t *testing.T) {
 		tg := tags("coord", 4)
 		const n = 5000
@@ -453,6 +473,8 @@ func TestComposeFleet(t *testing.T) {
 		killed := time.Now()
 		time.Sleep(2 * time.Second)
 		f.docker("start", coord)
+		restarted := time.Now()
+		var last time.Duration
 		c = f.client() // the published port may have changed
 		for _, id := range ids {
 			var j *client.Job
@@ -469,7 +491,9 @@ func TestComposeFleet(t *testing.T) {
 				t.Errorf("job %s ended at %s, before the coordinator was killed at %s: the case tests nothing", id, j.EndedAt, killed)
 			}
 			checkOutput(t, ctx, c, id, n)
+			last = max(last, time.Since(restarted))
 		}
+		t.Logf("every job seen ended %s after the coordinator restarted", last.Round(100*time.Millisecond))
 		finishedOnce(t, ctx, c, "kill-coordinator", ids)
 		startedOnce(t, f.startLog(), tg)
 	})
