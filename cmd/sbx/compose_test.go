@@ -206,8 +206,8 @@ func startJobs(t *testing.T, ctx context.Context, c *client.Client, session stri
 	return ids
 }
 
-// waitStatus polls a job until cond holds or the deadline passes.
-func waitStatus(t *testing.T, ctx context.Context, c *client.Client, id string, within time.Duration, cond func(*client.Job) bool) *client.Job {
+// pollJob polls a job until cond holds or the deadline passes.
+func pollJob(t *testing.T, ctx context.Context, c *client.Client, id string, within time.Duration, cond func(*client.Job) bool) *client.Job {
 	t.Helper()
 	var j *client.Job
 	var err error
@@ -220,8 +220,8 @@ func waitStatus(t *testing.T, ctx context.Context, c *client.Client, id string, 
 	return nil
 }
 
-func running(j *client.Job) bool { return j.Status == "running" }
-func ended(j *client.Job) bool   { return j.Ended() }
+func jobRunning(j *client.Job) bool { return j.Status == "running" }
+func jobEnded(j *client.Job) bool   { return j.Ended() }
 
 // finishedOnce checks that session has exactly one finished notification for each of ids, and none
 // for any other job.
@@ -318,7 +318,7 @@ func TestComposeFleet(t *testing.T) {
 		}
 		per := map[string][]span{}
 		for _, id := range ids {
-			j := waitStatus(t, ctx, c, id, time.Minute, ended)
+			j := pollJob(t, ctx, c, id, time.Minute, jobEnded)
 			if j.Status != "succeeded" {
 				t.Fatalf("job %s: %+v", id, j)
 			}
@@ -348,7 +348,7 @@ func TestComposeFleet(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			j := waitStatus(t, ctx, c, r.Job.ID, 30*time.Second, ended)
+			j := pollJob(t, ctx, c, r.Job.ID, 30*time.Second, jobEnded)
 			if j.Status != "succeeded" || j.Runner != gpu || j.Pool != "gpu" {
 				t.Errorf("pool gpu job: %s on %s (pool %s), want succeeded on %s", j.Status, j.Runner, j.Pool, gpu)
 			}
@@ -377,7 +377,7 @@ func TestComposeFleet(t *testing.T) {
 		}
 		on := map[string]bool{}
 		for _, id := range ids {
-			j := waitStatus(t, ctx, c, id, time.Minute, ended)
+			j := pollJob(t, ctx, c, id, time.Minute, jobEnded)
 			out, _, _ := c.Output(ctx, id, 0, -1)
 			if j.Status != "failed" || strings.Contains(string(out), "wrote") || strings.TrimSpace(string(out)) != j.Runner {
 				t.Errorf("readonly job %s on %s: %s, output %q: want the write refused", id, j.Runner, j.Status, out)
@@ -394,7 +394,7 @@ func TestComposeFleet(t *testing.T) {
 		ids := startJobs(t, ctx, c, "kill-runner", tg, 20*time.Second, 100)
 		var victim string
 		for i, id := range ids {
-			j := waitStatus(t, ctx, c, id, 30*time.Second, running)
+			j := pollJob(t, ctx, c, id, 30*time.Second, jobRunning)
 			if i == 0 {
 				victim = j.Runner
 			}
@@ -404,7 +404,7 @@ func TestComposeFleet(t *testing.T) {
 		killed := time.Now()
 		t.Cleanup(func() { f.docker("start", container) })
 		for _, id := range ids {
-			j := waitStatus(t, ctx, c, id, time.Minute, ended)
+			j := pollJob(t, ctx, c, id, time.Minute, jobEnded)
 			if j.Runner == victim {
 				if j.Reason != "lost" || j.EndedAt.Sub(killed) > composeRunnerDeadline+5*time.Second {
 					t.Errorf("job %s of the killed runner: %s/%s at +%s, want lost within %s", id, j.Status, j.Reason,
@@ -423,19 +423,19 @@ func TestComposeFleet(t *testing.T) {
 		const n = 20000
 		ids := startJobs(t, ctx, c, "restart-nats", tg, 6*time.Second, n)
 		for _, id := range ids {
-			waitStatus(t, ctx, c, id, 30*time.Second, running)
+			pollJob(t, ctx, c, id, 30*time.Second, jobRunning)
 		}
 		restarted := time.Now()
 		f.must("restart", "--timeout", "2", "nats")
 		for _, id := range ids {
-			j := waitStatus(t, ctx, c, id, 90*time.Second, ended)
+			j := pollJob(t, ctx, c, id, 90*time.Second, jobEnded)
 			if j.EndedAt.Before(restarted) {
 				t.Errorf("job %s ended at %s, before NATS restarted at %s: the case tests nothing", id, j.EndedAt, restarted)
 			}
 			checkOutput(t, ctx, c, id, n)
 		}
 		after := startJobs(t, ctx, c, "restart-nats", []string{"nats-after"}, 0, 10)
-		waitStatus(t, ctx, c, after[0], time.Minute, ended)
+		pollJob(t, ctx, c, after[0], time.Minute, jobEnded)
 		checkOutput(t, ctx, c, after[0], 10)
 		finishedOnce(t, ctx, c, "restart-nats", append(ids, after...))
 		startedOnce(t, f.startLog(), append(tg, "nats-after"))
@@ -453,7 +453,7 @@ func TestComposeFleet(t *testing.T) {
 		t.Logf("start with NATS down: %v", err)
 		// Once NATS is back and a later job has run, a buffered publish of the refused start would have.
 		after := startJobs(t, ctx, c, "refused-start", []string{"refused-after"}, 0, 1)
-		waitStatus(t, ctx, c, after[0], time.Minute, ended)
+		pollJob(t, ctx, c, after[0], time.Minute, jobEnded)
 		time.Sleep(2 * time.Second)
 		startedOnce(t, f.startLog(), []string{"refused-after"})
 		if log := f.startLog(); strings.Contains(log, "refused-0") {
@@ -466,7 +466,7 @@ func TestComposeFleet(t *testing.T) {
 		const n = 5000
 		ids := startJobs(t, ctx, c, "kill-coordinator", tg, 4*time.Second, n)
 		for _, id := range ids {
-			waitStatus(t, ctx, c, id, 30*time.Second, running)
+			pollJob(t, ctx, c, id, 30*time.Second, jobRunning)
 		}
 		coord := f.container("coordinator")
 		f.docker("kill", coord)
@@ -503,7 +503,7 @@ func TestComposeFleet(t *testing.T) {
 		ids := startJobs(t, ctx, c, "disconnect-runner", tg, 40*time.Second, 10)
 		var victim string
 		for i, id := range ids {
-			j := waitStatus(t, ctx, c, id, 30*time.Second, running)
+			j := pollJob(t, ctx, c, id, 30*time.Second, jobRunning)
 			if i == 0 {
 				victim = j.Runner
 			}
@@ -527,7 +527,7 @@ func TestComposeFleet(t *testing.T) {
 				t.Fatal(err)
 			}
 			if j.Runner == victim {
-				j = waitStatus(t, ctx, c, id, composeRunnerDeadline+10*time.Second, ended)
+				j = pollJob(t, ctx, c, id, composeRunnerDeadline+10*time.Second, jobEnded)
 				if j.Reason != "lost" {
 					t.Errorf("job %s of the cut-off runner: %s/%s, want lost", id, j.Status, j.Reason)
 				}
@@ -546,7 +546,7 @@ func TestComposeFleet(t *testing.T) {
 			}
 		}
 		for _, id := range ids {
-			waitStatus(t, ctx, c, id, time.Minute, ended)
+			pollJob(t, ctx, c, id, time.Minute, jobEnded)
 		}
 		finishedOnce(t, ctx, c, "disconnect-runner", ids)
 		startedOnce(t, f.startLog(), tg)
