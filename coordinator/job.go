@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"crypto/rand"
+	"encoding/hex"
 	"math/big"
 	"strconv"
 	"strings"
@@ -74,6 +75,9 @@ type Job struct {
 	Usage       *Usage     `json:"usage,omitempty"`
 	// WorkSeq is the sequence of the job's work message in the work stream, to withdraw it while queued.
 	WorkSeq uint64 `json:"work_seq,omitempty"`
+	// Claim is the job's proto.Work.Claim: only an event or chunk that carries it is the job's. The
+	// API never shows it.
+	Claim string `json:"claim,omitempty"`
 	// Notify, Monitor and Persistent are what the request asked to be told about the output.
 	Notify     *OutputNotify `json:"notify_on_output,omitempty"`
 	Monitor    bool          `json:"monitor,omitempty"`
@@ -137,4 +141,13 @@ func newJobID(now time.Time) string {
 	}
 	r := strconv.FormatInt(n.Int64(), 36)
 	return ms + strings.Repeat("0", 4-len(r)) + r
+}
+
+// newClaim returns a random claim token (proto.Work.Claim): 128 bits in 32 hex digits.
+func newClaim() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic("coordinator: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b)
 }

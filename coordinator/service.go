@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"regexp"
@@ -221,7 +222,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
 		notesChanged: make(chan struct{}),
-		stats:        Stats{JobsEnded: map[Status]int64{}},
+		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
 	sessions, err := jobs.Sessions(ctx)
 	if err != nil {
@@ -278,7 +279,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Source: req.Source, Cwd: req.Cwd,
 		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
-		NotificationFormat: req.NotificationFormat,
+		NotificationFormat: req.NotificationFormat, Claim: newClaim(),
 	}
 	if job.Limits.OutputBytes == 0 {
 		job.Limits.OutputBytes = s.cfg.DefaultOutputBytes
@@ -290,6 +291,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	work := &proto.Work{
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
 		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
+		Claim:          job.Claim,
 		SeparateStderr: job.Monitor, Source: job.Source,
 	}
 
@@ -644,12 +646,52 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 	return nil
 }
 
-// HandleEvent applies a runner's state event. It returns only after the change is stored.
+// ErrForged is returned for a runner message that is not what it claims to be: an event or chunk
+// whose claim is not its job's, or that comes from a runner other than the one running the job. It
+// is counted (Stats.Forged) and must be dropped, never retried.
+var ErrForged = errors.New("coordinator: forged runner message")
+
+// Forged counts a runner message of a kind (ForgedState, ForgedOutput, ForgedHeartbeat) dropped as
+// forged by the adapter that received it, and returns ErrForged wrapped with why.
+func (s *Service) Forged(kind, why string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.forgedLocked(kind, why)
+}
+
+func (s *Service) forgedLocked(kind, why string) error {
+	s.stats.Forged[kind]++
+	return fmt.Errorf("%w: %s", ErrForged, why)
+}
+
+// checkOwnerLocked fails with ErrForged unless a message from runner with claim may be about job
+// j: the claim must be the job's (a job of an earlier version has none to check), and once the job
+// started, the runner must be the one that started it. Before the start a runner with the right
+// claim may differ from the one that announced the job: work whose ack was lost goes to another
+// runner. s.mu is held.
+func (s *Service) checkOwnerLocked(j *Job, kind, runner, claim string) error {
+	if j.Claim != "" && claim != j.Claim {
+		return s.forgedLocked(kind, fmt.Sprintf("job %s: runner %s sent a wrong claim", j.ID, runner))
+	}
+	if j.StartedAt != nil && runner != j.Runner {
+		return s.forgedLocked(kind, fmt.Sprintf("job %s runs on runner %s, not on %s", j.ID, j.Runner, runner))
+	}
+	return nil
+}
+
+// HandleEvent applies a runner's state event. It returns only after the change is stored. e.Runner
+// must be the runner the adapter knows sent it (the event subject's); an event whose claim or
+// runner is not its job's is ErrForged.
 func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.stats.Events++
 	l, ok := s.live[e.JobID]
+	if ok {
+		if err := s.checkOwnerLocked(l.job, ForgedState, e.Runner, e.Claim); err != nil {
+			return err
+		}
+	}
+	s.stats.Events++
 	if !ok {
 		// An ended or unknown job. A start after the end (killed while being taken, or lost and
 		// then found) must not leave a process running.
@@ -779,7 +821,7 @@ var ErrNotReady = errors.New("coordinator: event not applicable yet")
 const missingOutputGrace = 30 * time.Second
 
 // HandleChunk writes a piece of output into the job's terminal file. It returns only after the bytes
-// are written.
+// are written. A chunk whose claim or runner (c.Runner, the subject's) is not its job's is ErrForged.
 func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 	s.mu.Lock()
 	l, ok := s.live[c.JobID]
@@ -787,12 +829,22 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 		s.mu.Unlock()
 		return ErrNotReady
 	}
+	if ok {
+		if err := s.checkOwnerLocked(l.job, ForgedOutput, c.Runner, c.Claim); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+	}
 	s.mu.Unlock()
 	if !ok {
-		// A redelivered chunk of an ended job is still written when it lies inside the output.
+		// A redelivered chunk of an ended job is still written when it lies inside the output, and
+		// comes from the runner that ran the job.
 		j, err := s.jobs.Job(ctx, c.JobID)
 		if err != nil || c.Offset+int64(len(c.Data)) > j.OutputBytes {
 			return nil
+		}
+		if j.Claim != "" && (c.Claim != j.Claim || c.Runner != j.Runner) {
+			return s.Forged(ForgedOutput, fmt.Sprintf("job %s ended: runner %s sent output that is not its own", j.ID, c.Runner))
 		}
 		return s.out.Write(c.JobID, c.Offset, c.Data)
 	}

@@ -13,7 +13,19 @@ type Stats struct {
 	OutputBytes          int64
 	JobsLive             int
 	Runners              int
+	// Forged counts the runner messages dropped as forged, by kind (ForgedKinds).
+	Forged map[string]int64
 }
+
+// Kinds of forged messages, for Stats.Forged.
+const (
+	ForgedState     = "state"
+	ForgedOutput    = "output"
+	ForgedHeartbeat = "heartbeat"
+)
+
+// ForgedKinds lists the kinds of Stats.Forged, so that /metrics shows each from the start.
+var ForgedKinds = []string{ForgedState, ForgedOutput, ForgedHeartbeat}
 
 // Stats returns a copy of the counters.
 func (s *Service) Stats() Stats {
@@ -23,6 +35,10 @@ func (s *Service) Stats() Stats {
 	st.JobsEnded = make(map[Status]int64, len(s.stats.JobsEnded))
 	for k, v := range s.stats.JobsEnded {
 		st.JobsEnded[k] = v
+	}
+	st.Forged = make(map[string]int64, len(s.stats.Forged))
+	for k, v := range s.stats.Forged {
+		st.Forged[k] = v
 	}
 	st.JobsLive = len(s.live)
 	st.OutputStored = s.outputTotal

@@ -101,6 +101,10 @@ type Work struct {
 	Linger bool `json:"linger,omitempty"`
 	// Stdin gives the job a pipe as its standard input, written through OpStdin; else /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
+	// Claim is a random token the coordinator makes for this job and only the runner that takes the
+	// work learns: the runner echoes it in every event and chunk, so that another runner cannot
+	// forge them (see ValidClaim).
+	Claim string `json:"claim"`
 	// SeparateStderr reads standard error apart from standard output and marks its chunks (a
 	// monitor's events are stdout lines only); both still go into the one output, in read order.
 	SeparateStderr bool `json:"separate_stderr,omitempty"`
@@ -144,6 +148,9 @@ func (w *Work) Validate() error {
 	if !ValidToken(w.Pool) {
 		return invalid("pool %q is not a token", w.Pool)
 	}
+	if !ValidClaim(w.Claim) {
+		return invalid("claim must be %d..64 characters of [A-Za-z0-9_-]", MinClaimBytes)
+	}
 	switch {
 	case w.Source != nil:
 		if w.Command != "" {
@@ -171,6 +178,14 @@ func (w *Work) Validate() error {
 		return invalid("shell %q is not sh or bash", w.Shell)
 	}
 	return w.Limits.Validate()
+}
+
+// MinClaimBytes is the shortest claim token: one guessed by a forger must be out of reach.
+const MinClaimBytes = 16
+
+// ValidClaim reports whether s can be a claim token: a ValidToken of at least MinClaimBytes.
+func ValidClaim(s string) bool {
+	return len(s) >= MinClaimBytes && ValidToken(s)
 }
 
 // MaxUserBytes bounds a user name.
@@ -255,11 +270,13 @@ type Usage struct {
 
 // Event is a state change of one job, published by its runner on StateSubject.
 type Event struct {
-	V      int       `json:"v"`
-	Kind   string    `json:"kind"`
-	JobID  string    `json:"job_id"`
-	Runner string    `json:"runner"`
-	Time   time.Time `json:"time"`
+	V      int    `json:"v"`
+	Kind   string `json:"kind"`
+	JobID  string `json:"job_id"`
+	Runner string `json:"runner"`
+	// Claim is the job's Work.Claim.
+	Claim string    `json:"claim"`
+	Time  time.Time `json:"time"`
 	// Started.
 	Pid int `json:"pid,omitempty"`
 	// Exited.
@@ -286,6 +303,9 @@ func (e *Event) Validate() error {
 	}
 	if !ValidToken(e.Runner) {
 		return invalid("runner %q is not a token", e.Runner)
+	}
+	if !ValidClaim(e.Claim) {
+		return invalid("claim must be %d..64 characters of [A-Za-z0-9_-]", MinClaimBytes)
 	}
 	if e.Time.IsZero() {
 		return invalid("time is missing")
@@ -322,8 +342,10 @@ func (e *Event) Validate() error {
 	return nil
 }
 
-// MsgID is the JetStream de-duplication id of the event: one per job and kind.
-func (e *Event) MsgID() string { return e.JobID + ":" + e.Kind }
+// MsgID is the JetStream de-duplication id of the event: one per job and kind. It holds the claim,
+// which a forger does not know, so that a forged message cannot take the id of a real one first and
+// have the real one dropped as a duplicate.
+func (e *Event) MsgID() string { return e.JobID + ":" + e.Claim + ":" + e.Kind }
 
 // DecodeEvent decodes and validates an Event.
 func DecodeEvent(data []byte) (*Event, error) {
@@ -338,11 +360,14 @@ func DecodeEvent(data []byte) (*Event, error) {
 }
 
 // Chunk is a piece of a job's output (stdout and stderr interleaved), published on OutputSubject with
-// the raw bytes as the payload. The subject names the job and the wire version; the one header of
-// sbx's own is the byte offset (every header costs the server parsing on the hottest path). Writing a
-// chunk twice is harmless.
+// the raw bytes as the payload. The subject names the runner, the job and the wire version; the
+// headers of sbx's own are the byte offset and the claim (every header costs the server parsing on
+// the hottest path). Writing a chunk twice is harmless.
 type Chunk struct {
+	// Runner is the runner the subject names: with NATS auth, the one that published it.
+	Runner string
 	JobID  string
+	Claim  string
 	Offset int64
 	Data   []byte
 	// Stderr marks bytes read from standard error's own pipe (Work.SeparateStderr); otherwise the
@@ -350,13 +375,14 @@ type Chunk struct {
 	Stderr bool
 }
 
-// Headers returns the NATS headers of the chunk: its offset, its de-duplication id and, for
-// standard error's bytes, its stream.
+// Headers returns the NATS headers of the chunk: its offset, its claim, its de-duplication id (which
+// holds the claim, as Event.MsgID does) and, for standard error's bytes, its stream.
 func (c *Chunk) Headers() map[string][]string {
 	off := strconv.FormatInt(c.Offset, 10)
 	h := map[string][]string{
 		HeaderOffset: {off},
-		HeaderMsgID:  {c.JobID + ":o:" + off},
+		HeaderClaim:  {c.Claim},
+		HeaderMsgID:  {c.JobID + ":" + c.Claim + ":o:" + off},
 	}
 	if c.Stderr {
 		h[HeaderStream] = []string{StreamStderr}
@@ -366,9 +392,16 @@ func (c *Chunk) Headers() map[string][]string {
 
 // DecodeChunk validates a chunk from its subject, headers and payload. The payload is not copied.
 func DecodeChunk(subject string, headers map[string][]string, data []byte) (*Chunk, error) {
-	job, kind, ok := JobFromSubject(subject)
-	if !ok || kind != "out" {
+	runnerID, job, kind, ok := ParseEventSubject(subject)
+	if !ok || kind != KindOutput {
 		return nil, invalid("subject %q is not an output subject", subject)
+	}
+	var claim string
+	if v := headers[HeaderClaim]; len(v) > 0 {
+		claim = v[0]
+	}
+	if !ValidClaim(claim) {
+		return nil, invalid("chunk claim must be %d..64 characters of [A-Za-z0-9_-]", MinClaimBytes)
 	}
 	var off string
 	if v := headers[HeaderOffset]; len(v) > 0 {
@@ -388,7 +421,7 @@ func DecodeChunk(subject string, headers map[string][]string, data []byte) (*Chu
 		}
 		stderr = true
 	}
-	return &Chunk{JobID: job, Offset: offset, Data: data, Stderr: stderr}, nil
+	return &Chunk{Runner: runnerID, JobID: job, Claim: claim, Offset: offset, Data: data, Stderr: stderr}, nil
 }
 
 // Control operations.

@@ -9,8 +9,11 @@ import (
 )
 
 func validWork() Work {
-	return Work{V: Version, JobID: "j1", Command: "echo hi", Cwd: "/tmp", Pool: "default"}
+	return Work{V: Version, JobID: "j1", Command: "echo hi", Cwd: "/tmp", Pool: "default", Claim: testClaim}
 }
+
+// testClaim is a valid claim token.
+const testClaim = "c0ffee0123456789"
 
 func TestWorkRoundTrip(t *testing.T) {
 	w := validWork()
@@ -43,6 +46,9 @@ func TestDecodeWorkRejects(t *testing.T) {
 		{"relative cwd", func(w *Work) { w.Cwd = "tmp" }, "cwd"},
 		{"bad job id", func(w *Work) { w.JobID = "a.b" }, "job_id"},
 		{"bad pool", func(w *Work) { w.Pool = "" }, "pool"},
+		{"no claim", func(w *Work) { w.Claim = "" }, "claim"},
+		{"short claim", func(w *Work) { w.Claim = "abc" }, "claim"},
+		{"claim with a dot", func(w *Work) { w.Claim = "c0ffee0123456789.x" }, "claim"},
 		{"negative memory", func(w *Work) { w.Limits.MemoryBytes = -1 }, "limits.memory_bytes"},
 		{"absurd pids", func(w *Work) { w.Limits.Pids = MaxPids + 1 }, "limits.pids"},
 		{"env key with =", func(w *Work) { w.Env = map[string]string{"A=B": "c"} }, "env key"},
@@ -81,17 +87,18 @@ func TestEventValidate(t *testing.T) {
 		e    Event
 		ok   bool
 	}{
-		{"accepted", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Time: now}, true},
-		{"started", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now, Pid: 7}, true},
-		{"started without a process", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now}, true},
-		{"started with a negative pid", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Time: now, Pid: -1}, false},
-		{"exited", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, ExitCode: &code, Reason: ReasonExit}, true},
-		{"exited without code", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonExit}, false},
-		{"killed before start", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonKilled}, true},
-		{"start failed", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, Reason: ReasonStartFailed, Error: "no cwd"}, true},
-		{"lost is not a runner's", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: now, ExitCode: &code, Reason: ReasonLost}, false},
-		{"unknown kind", Event{V: 1, Kind: "x", JobID: "j", Runner: "r", Time: now}, false},
-		{"no time", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r"}, false},
+		{"accepted", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Claim: testClaim, Time: now}, true},
+		{"started", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Pid: 7}, true},
+		{"started without a process", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now}, true},
+		{"started with a negative pid", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Pid: -1}, false},
+		{"exited", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, ExitCode: &code, Reason: ReasonExit}, true},
+		{"exited without code", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonExit}, false},
+		{"killed before start", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonKilled}, true},
+		{"start failed", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonStartFailed, Error: "no cwd"}, true},
+		{"lost is not a runner's", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, ExitCode: &code, Reason: ReasonLost}, false},
+		{"unknown kind", Event{V: 1, Kind: "x", JobID: "j", Runner: "r", Claim: testClaim, Time: now}, false},
+		{"no time", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Claim: testClaim}, false},
+		{"no claim", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Time: now}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,35 +111,40 @@ func TestEventValidate(t *testing.T) {
 }
 
 func TestChunkRoundTrip(t *testing.T) {
-	c := Chunk{JobID: "j1", Offset: 1 << 33, Data: []byte("hello")}
+	c := Chunk{JobID: "j1", Claim: testClaim, Offset: 1 << 33, Data: []byte("hello")}
 	h := c.Headers()
-	if h[HeaderMsgID][0] != "j1:o:8589934592" {
+	if h[HeaderMsgID][0] != "j1:"+testClaim+":o:8589934592" {
 		t.Fatalf("msg id %q", h[HeaderMsgID][0])
 	}
-	got, err := DecodeChunk(OutputSubject("j1"), h, c.Data)
-	if err != nil || got.Offset != c.Offset || !bytes.Equal(got.Data, c.Data) {
+	got, err := DecodeChunk(OutputSubject("r1", "j1"), h, c.Data)
+	if err != nil || got.Offset != c.Offset || !bytes.Equal(got.Data, c.Data) || got.Runner != "r1" || got.Claim != testClaim {
 		t.Fatalf("DecodeChunk = %+v, %v", got, err)
 	}
+	noClaim := c.Headers()
+	delete(noClaim, HeaderClaim)
+	if _, err := DecodeChunk(OutputSubject("r1", "j1"), noClaim, c.Data); err == nil {
+		t.Fatal("a chunk without a claim accepted")
+	}
 	h[HeaderOffset] = []string{"-1"}
-	if _, err := DecodeChunk(OutputSubject("j1"), h, c.Data); err == nil {
+	if _, err := DecodeChunk(OutputSubject("r1", "j1"), h, c.Data); err == nil {
 		t.Fatal("negative offset accepted")
 	}
-	if _, err := DecodeChunk(OutputSubject("j1"), c.Headers(), make([]byte, MaxChunkBytes+1)); err == nil {
+	if _, err := DecodeChunk(OutputSubject("r1", "j1"), c.Headers(), make([]byte, MaxChunkBytes+1)); err == nil {
 		t.Fatal("oversized chunk accepted")
 	}
-	if _, err := DecodeChunk(StateSubject("j1"), c.Headers(), c.Data); err == nil {
+	if _, err := DecodeChunk(StateSubject("r1", "j1"), c.Headers(), c.Data); err == nil {
 		t.Fatal("a chunk on a state subject accepted")
 	}
 	if got.Stderr {
 		t.Fatal("a stdout chunk decoded as stderr")
 	}
-	e := Chunk{JobID: "j1", Offset: 3, Data: []byte("oops"), Stderr: true}
-	if got, err := DecodeChunk(OutputSubject("j1"), e.Headers(), e.Data); err != nil || !got.Stderr {
+	e := Chunk{JobID: "j1", Claim: testClaim, Offset: 3, Data: []byte("oops"), Stderr: true}
+	if got, err := DecodeChunk(OutputSubject("r1", "j1"), e.Headers(), e.Data); err != nil || !got.Stderr {
 		t.Fatalf("stderr chunk = %+v, %v", got, err)
 	}
 	h = e.Headers()
 	h[HeaderStream] = []string{"stdin"}
-	if _, err := DecodeChunk(OutputSubject("j1"), h, e.Data); err == nil {
+	if _, err := DecodeChunk(OutputSubject("r1", "j1"), h, e.Data); err == nil {
 		t.Fatal("an unknown stream accepted")
 	}
 }
@@ -155,15 +167,25 @@ func TestControlValidate(t *testing.T) {
 	}
 }
 
-func TestJobFromSubject(t *testing.T) {
-	job, kind, ok := JobFromSubject(OutputSubject("abc"))
-	if !ok || job != "abc" || kind != "out" {
-		t.Fatalf("got %q %q %v", job, kind, ok)
+func TestParseEventSubject(t *testing.T) {
+	runner, job, kind, ok := ParseEventSubject(OutputSubject("r-1", "abc"))
+	if !ok || runner != "r-1" || job != "abc" || kind != KindOutput {
+		t.Fatalf("got %q %q %q %v", runner, job, kind, ok)
 	}
-	for _, s := range []string{"sbx.v1.events.abc", "sbx.v1.events.a.b.c", "sbx.v1.work.x.plain", "sbx.v1.events..out"} {
-		if _, _, ok := JobFromSubject(s); ok {
+	if runner, job, kind, ok = ParseEventSubject(StateSubject("r", "j")); !ok || runner != "r" || job != "j" || kind != KindState {
+		t.Fatalf("state subject: got %q %q %q %v", runner, job, kind, ok)
+	}
+	for _, s := range []string{"sbx.v1.events.abc", "sbx.v1.events.abc.out", "sbx.v1.events.r.a.b.out", "sbx.v1.work.x.plain",
+		"sbx.v1.events..j.out", "sbx.v1.events.r..out", "sbx.v1.events.r.j.exit"} {
+		if _, _, _, ok := ParseEventSubject(s); ok {
 			t.Errorf("%q accepted", s)
 		}
+	}
+	if id, ok := RunnerFromHeartbeat(HeartbeatSubject("r-1")); !ok || id != "r-1" {
+		t.Errorf("heartbeat subject: %q %v", id, ok)
+	}
+	if _, ok := RunnerFromHeartbeat("sbx.v1.heartbeat.a.b"); ok {
+		t.Error("a heartbeat subject of two tokens accepted")
 	}
 }
 
@@ -185,7 +207,7 @@ func FuzzDecodeWork(f *testing.F) {
 
 func FuzzDecodeEvent(f *testing.F) {
 	code := 1
-	f.Add(Encode(&Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Time: time.Now(), ExitCode: &code, Reason: ReasonExit}))
+	f.Add(Encode(&Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: time.Now(), ExitCode: &code, Reason: ReasonExit}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, err := DecodeEvent(data)
 		if err != nil {
@@ -198,13 +220,13 @@ func FuzzDecodeEvent(f *testing.F) {
 }
 
 func FuzzDecodeChunk(f *testing.F) {
-	f.Add(OutputSubject("j1"), "0", []byte("x"))
-	f.Fuzz(func(t *testing.T, subject, off string, data []byte) {
-		c, err := DecodeChunk(subject, map[string][]string{HeaderOffset: {off}}, data)
+	f.Add(OutputSubject("r1", "j1"), "0", testClaim, []byte("x"))
+	f.Fuzz(func(t *testing.T, subject, off, claim string, data []byte) {
+		c, err := DecodeChunk(subject, map[string][]string{HeaderOffset: {off}, HeaderClaim: {claim}}, data)
 		if err != nil {
 			return
 		}
-		if c.Offset < 0 || !ValidToken(c.JobID) || len(c.Data) == 0 || len(c.Data) > MaxChunkBytes {
+		if c.Offset < 0 || !ValidToken(c.JobID) || !ValidToken(c.Runner) || !ValidClaim(c.Claim) || len(c.Data) == 0 || len(c.Data) > MaxChunkBytes {
 			t.Fatalf("invalid chunk accepted: %+v", c)
 		}
 	})

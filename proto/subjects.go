@@ -37,14 +37,20 @@ func WorkSubject(pool, capability string) string {
 	return "sbx.v1.work." + pool + "." + capability
 }
 
-// StateSubject carries a job's state events: sbx.v1.events.<job>.state
-func StateSubject(jobID string) string {
-	return "sbx.v1.events." + jobID + ".state"
+// StateSubject carries the state events of a job run by a runner: sbx.v1.events.<runner>.<job>.state.
+// The runner is in the subject so that NATS permissions can hold each runner to its own events.
+func StateSubject(runnerID, jobID string) string {
+	return "sbx.v1.events." + runnerID + "." + jobID + ".state"
 }
 
-// OutputSubject carries a job's output chunks: sbx.v1.events.<job>.out
-func OutputSubject(jobID string) string {
-	return "sbx.v1.events." + jobID + ".out"
+// OutputSubject carries the output chunks of a job run by a runner: sbx.v1.events.<runner>.<job>.out
+func OutputSubject(runnerID, jobID string) string {
+	return "sbx.v1.events." + runnerID + "." + jobID + ".out"
+}
+
+// RunnerEventSubjects matches every event one runner may publish: sbx.v1.events.<runner>.>
+func RunnerEventSubjects(runnerID string) string {
+	return "sbx.v1.events." + runnerID + ".>"
 }
 
 // HeartbeatSubject is where a runner announces itself: sbx.v1.heartbeat.<runner>
@@ -77,6 +83,8 @@ const (
 	HeaderOffset = "Sbx-Offset"
 	// HeaderMsgID is JetStream's de-duplication header.
 	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderClaim is an output chunk's claim token (Work.Claim).
+	HeaderClaim = "Sbx-Claim"
 	// HeaderStream names an output chunk's stream when it is not stdout: StreamStderr.
 	HeaderStream = "Sbx-Stream"
 )
@@ -99,15 +107,31 @@ func ValidToken(s string) bool {
 	return true
 }
 
-// JobFromSubject returns the job id of an event subject (sbx.v1.events.<job>.<kind>) and the kind.
-func JobFromSubject(subject string) (job, kind string, ok bool) {
+// Event subject kinds: the last token of StateSubject and OutputSubject.
+const (
+	KindState  = "state"
+	KindOutput = "out"
+)
+
+// ParseEventSubject splits an event subject (sbx.v1.events.<runner>.<job>.<state|out>) into the
+// runner that published it, the job and the kind.
+func ParseEventSubject(subject string) (runnerID, jobID, kind string, ok bool) {
 	rest, found := strings.CutPrefix(subject, "sbx.v1.events.")
 	if !found {
-		return "", "", false
+		return "", "", "", false
 	}
-	job, kind, found = strings.Cut(rest, ".")
-	if !found || !ValidToken(job) || (kind != "state" && kind != "out") {
-		return "", "", false
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 || !ValidToken(parts[0]) || !ValidToken(parts[1]) || (parts[2] != KindState && parts[2] != KindOutput) {
+		return "", "", "", false
 	}
-	return job, kind, true
+	return parts[0], parts[1], parts[2], true
+}
+
+// RunnerFromHeartbeat returns the runner of a heartbeat subject (sbx.v1.heartbeat.<runner>).
+func RunnerFromHeartbeat(subject string) (string, bool) {
+	id, found := strings.CutPrefix(subject, "sbx.v1.heartbeat.")
+	if !found || !ValidToken(id) {
+		return "", false
+	}
+	return id, true
 }

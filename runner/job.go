@@ -26,6 +26,8 @@ const finalPublishWindow = 10 * time.Second
 // job is one job this runner took.
 type job struct {
 	id string
+	// claim is the work's claim token, echoed in every event and chunk of the job.
+	claim string
 
 	mu     sync.Mutex
 	proc   process // nil until started
@@ -71,13 +73,13 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log := r.cfg.Logger.With("job", w.JobID)
-	j := &job{id: w.JobID}
+	j := &job{id: w.JobID, claim: w.Claim}
 	r.mu.Lock()
 	r.jobs[j.id] = j
 	r.mu.Unlock()
 	defer r.forget(j.id)
 
-	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventAccepted, JobID: j.id}); err != nil {
+	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventAccepted, JobID: j.id, Claim: j.claim}); err != nil {
 		log.Warn("announce job", "err", err)
 		_ = msg.Nak()
 		return
@@ -94,13 +96,13 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	stoppedEarly := j.reason
 	j.mu.Unlock()
 	if stoppedEarly != "" {
-		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Reason: stoppedEarly, Error: j.why})
+		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: stoppedEarly, Error: j.why})
 		return
 	}
 	proc, err := r.start(w)
 	if err != nil {
 		log.Warn("start job", "err", err)
-		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Reason: proto.ReasonStartFailed, Error: err.Error()})
+		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: proto.ReasonStartFailed, Error: err.Error()})
 		return
 	}
 	j.mu.Lock()
@@ -125,7 +127,7 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		}
 		waited <- res
 	}()
-	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Pid: proc.Pid()})
+	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Claim: j.claim, Pid: proc.Pid()})
 	written := r.pump(ctx, j, proc, started, w.Limits.OutputBytes, log)
 	res := <-waited
 
@@ -143,7 +145,7 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	}
 	code := res.ExitCode
 	r.publishEnd(ctx, final, &proto.Event{
-		Kind: proto.EventExited, JobID: j.id, ExitCode: &code, Signal: res.Signal, Reason: reason, Error: why,
+		Kind: proto.EventExited, JobID: j.id, Claim: j.claim, ExitCode: &code, Signal: res.Signal, Reason: reason, Error: why,
 		OutputBytes: written,
 		Usage:       &proto.Usage{CPUMS: res.CPU.Milliseconds(), MemoryPeakBytes: res.MemoryPeak},
 	})
@@ -241,15 +243,32 @@ func (r *Runner) readonlyEnv(extra map[string]string) []string {
 	return overlay(base, extra)
 }
 
-// environ is the runner's environment without SBX_* variables, overlaid with the job's own.
+// environ is the runner's environment without what is the runner's own (see inherited), overlaid
+// with the job's own.
 func (r *Runner) environ(extra map[string]string) []string {
 	env := make([]string, 0, len(r.cfg.Environ))
 	for _, kv := range r.cfg.Environ {
-		if k, _, _ := strings.Cut(kv, "="); !strings.HasPrefix(k, "SBX_") {
+		if r.inherited(kv) {
 			env = append(env, kv)
 		}
 	}
 	return overlay(env, extra)
+}
+
+// inherited reports whether a plain job may inherit a variable of the runner's environment: not
+// sbx's own (SBX_*), not NATS's (NATS_*: a URL with a password, a creds path), and not one whose value
+// names one of the runner's Secrets.
+func (r *Runner) inherited(kv string) bool {
+	k, v, _ := strings.Cut(kv, "=")
+	if strings.HasPrefix(k, "SBX_") || strings.HasPrefix(k, "NATS_") {
+		return false
+	}
+	for _, s := range r.cfg.Secrets {
+		if strings.Contains(v, s) {
+			return false
+		}
+	}
+	return true
 }
 
 // overlay is base without the variables extra names, then extra's in key order.
@@ -304,7 +323,7 @@ func (r *Runner) publishEvent(ctx context.Context, e *proto.Event) error {
 // eventMsg stamps a state event and makes its message, de-duplicated by job and kind.
 func (r *Runner) eventMsg(e *proto.Event) *nats.Msg {
 	e.V, e.Runner, e.Time = proto.Version, r.cfg.ID, time.Now()
-	msg := &nats.Msg{Subject: proto.StateSubject(e.JobID), Data: proto.Encode(e), Header: nats.Header{}}
+	msg := &nats.Msg{Subject: proto.StateSubject(r.cfg.ID, e.JobID), Data: proto.Encode(e), Header: nats.Header{}}
 	msg.Header.Set(proto.HeaderMsgID, e.MsgID())
 	return msg
 }

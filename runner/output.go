@@ -69,8 +69,8 @@ func (r *Runner) pump(ctx context.Context, j *job, proc process, started *nats.M
 		if len(data) == 0 {
 			continue
 		}
-		c := &proto.Chunk{JobID: j.id, Offset: off, Data: data, Stderr: p.stderr}
-		if !pub.send(&nats.Msg{Subject: proto.OutputSubject(j.id), Data: c.Data, Header: nats.Header(c.Headers())}) {
+		c := &proto.Chunk{JobID: j.id, Claim: j.claim, Offset: off, Data: data, Stderr: p.stderr}
+		if !pub.send(&nats.Msg{Subject: proto.OutputSubject(r.cfg.ID, j.id), Data: c.Data, Header: nats.Header(c.Headers())}) {
 			j.stop(proto.ReasonKilled, "the runner could not publish the output")
 		}
 		off += int64(len(data))

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,9 +49,15 @@ type Config struct {
 	Labels map[string]string
 	// Version is reported in heartbeats.
 	Version string
-	// Environ is the environment plain jobs inherit (default os.Environ()); variables named SBX_*
-	// never reach a job. Readonly jobs get only its PATH, HOME, LANG and TERM (see readonlyEnv).
+	// Environ is the environment plain jobs inherit (default os.Environ()); variables named SBX_* or
+	// NATS_*, and any whose value names a Secrets path, never reach a job. Readonly jobs get only its
+	// PATH, HOME, LANG and TERM (see readonlyEnv).
 	Environ []string
+	// Secrets are the absolute paths of what the runner holds and jobs must not: its NATS
+	// credentials, a token file, a data dir. A plain job's environment loses the variables that name
+	// one; readonly jobs do not see them at all (they are added to Cgroup.Hide). A plain job running
+	// as root can still read any file: run jobs as another user (--user) to keep them out.
+	Secrets []string
 	// HeartbeatInterval is the time between heartbeats (2 s).
 	HeartbeatInterval time.Duration
 	// Coalesce is how long output is gathered into one chunk after its first byte (2 ms).
@@ -60,18 +67,28 @@ type Config struct {
 	Logger        *slog.Logger
 }
 
+// DefaultID is a runner's id when none is given: the host name, with every character that cannot be
+// in a subject token replaced by '-'.
+func DefaultID() (string, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("runner id: %w", err)
+	}
+	return strings.Map(func(r rune) rune {
+		if proto.ValidToken(string(r)) {
+			return r
+		}
+		return '-'
+	}, host), nil
+}
+
 func (c *Config) setDefaults() error {
 	if c.ID == "" {
-		host, err := os.Hostname()
+		id, err := DefaultID()
 		if err != nil {
-			return fmt.Errorf("runner id: %w", err)
+			return err
 		}
-		c.ID = strings.Map(func(r rune) rune {
-			if proto.ValidToken(string(r)) {
-				return r
-			}
-			return '-'
-		}, host)
+		c.ID = id
 	}
 	if !proto.ValidToken(c.ID) {
 		return fmt.Errorf("runner id %q must be 1-64 characters of letters, digits, '_' and '-'", c.ID)
@@ -160,6 +177,7 @@ func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 		cfg.Cgroup.Root = "sbx"
 	}
 	cfg.Cgroup.Root += "/" + cfg.ID
+	cfg.Cgroup.Hide = append(slices.Clone(cfg.Cgroup.Hide), cfg.Secrets...)
 	mgr, err := sandbox.NewManager(cfg.Cgroup)
 	if err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
@@ -208,21 +226,31 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.readonly.ok {
 		caps = append(caps, proto.CapReadonly)
 	}
+	// Heartbeats go first: the coordinator creates the work consumers of a pool when it hears of a
+	// runner of that pool, and the runner binds to them.
+	var loops sync.WaitGroup
+	hctx, stopHeartbeat := context.WithCancel(ctx)
+	loops.Add(1)
+	go func() { defer loops.Done(); r.heartbeat(hctx) }()
 	var consumers []jetstream.Consumer
 	for _, c := range caps {
 		cons, err := r.consumer(ctx, c)
 		if err != nil {
+			stopHeartbeat()
+			loops.Wait()
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 		consumers = append(consumers, cons)
 	}
-	var loops sync.WaitGroup
-	loops.Add(1 + len(consumers))
-	go func() { defer loops.Done(); r.heartbeat(ctx) }()
+	loops.Add(len(consumers))
 	for _, cons := range consumers {
 		go func() { defer loops.Done(); r.take(ctx, cons) }()
 	}
 	<-ctx.Done()
+	stopHeartbeat()
 	loops.Wait()
 
 	r.mu.Lock()
@@ -235,24 +263,19 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // consumer binds to the pool's shared work consumer for a capability, waiting for the coordinator to
-// create the work stream.
+// create it: a runner may bind to a work consumer and pull from it, but not create, change or delete
+// one (see docs/security.md).
 func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Consumer, error) {
-	cfg := jetstream.ConsumerConfig{
-		Durable:       proto.WorkConsumer(r.cfg.Pool, capability),
-		FilterSubject: proto.WorkSubject(r.cfg.Pool, capability),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxDeliver:    -1,
-	}
+	name := proto.WorkConsumer(r.cfg.Pool, capability)
 	for {
-		cons, err := r.js.CreateOrUpdateConsumer(ctx, proto.WorkStream, cfg)
+		cons, err := r.js.Consumer(ctx, proto.WorkStream, name)
 		if err == nil {
 			return cons, nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, fmt.Errorf("bind work consumer: %w", err)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("bind work consumer %s: %w", name, err)
 		}
-		r.cfg.Logger.Info("waiting for the coordinator to create the work stream")
+		r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
 		select {
 		case <-time.After(time.Second):
 		case <-ctx.Done():

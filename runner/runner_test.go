@@ -85,6 +85,15 @@ func newHarnessWith(t *testing.T, eventBytes int64) *harness {
 	if _, err := js.CreateStream(ctx, events); err != nil {
 		t.Fatal(err)
 	}
+	// The coordinator creates the work consumers; runners only bind to them.
+	for _, c := range []string{proto.CapPlain, proto.CapReadonly} {
+		if _, err := js.CreateConsumer(ctx, proto.WorkStream, jetstream.ConsumerConfig{
+			Durable: proto.WorkConsumer("default", c), FilterSubject: proto.WorkSubject("default", c),
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: -1,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return &harness{t: t, nc: nc, js: js, events: map[string][]*proto.Event{}, output: map[string]map[int64][]byte{}, stderr: map[string]map[int64]bool{}, change: make(chan struct{})}
 }
 
@@ -99,8 +108,8 @@ func (h *harness) consume() {
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		job, kind, _ := proto.JobFromSubject(m.Subject())
-		if kind == "out" {
+		_, job, kind, _ := proto.ParseEventSubject(m.Subject())
+		if kind == proto.KindOutput {
 			c, err := proto.DecodeChunk(m.Subject(), m.Headers(), m.Data())
 			if err != nil {
 				t.Error(err)
@@ -160,11 +169,14 @@ func (h *harness) startRunner(cfg Config) *Runner {
 
 var jobSeq int
 
+// testClaim is the claim of every test job.
+const testClaim = "0123456789abcdef"
+
 func (h *harness) submit(command string, limits proto.Limits) string {
 	h.t.Helper()
 	jobSeq++
 	id := fmt.Sprintf("job%d-%d", jobSeq, time.Now().UnixNano()%1e6)
-	w := &proto.Work{V: proto.Version, JobID: id, Command: command, Cwd: "/tmp", Pool: "default", Limits: limits}
+	w := &proto.Work{V: proto.Version, JobID: id, Command: command, Cwd: "/tmp", Pool: "default", Limits: limits, Claim: testClaim}
 	if _, err := h.js.Publish(h.t.Context(), proto.WorkSubject("default", proto.CapPlain), proto.Encode(w)); err != nil {
 		h.t.Fatal(err)
 	}
@@ -308,7 +320,7 @@ func deref(p *int) any {
 func TestStartFailed(t *testing.T) {
 	h := newHarness(t)
 	h.startRunner(Config{})
-	w := &proto.Work{V: proto.Version, JobID: "nocwd", Command: "true", Cwd: "/does/not/exist", Pool: "default"}
+	w := &proto.Work{V: proto.Version, JobID: "nocwd", Command: "true", Cwd: "/does/not/exist", Pool: "default", Claim: testClaim}
 	if _, err := h.js.Publish(t.Context(), proto.WorkSubject("default", proto.CapPlain), proto.Encode(w)); err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +422,7 @@ func testSlots(t *testing.T, mixed bool) {
 // submitWork publishes w on subject and returns its id.
 func (h *harness) submitWork(subject string, w *proto.Work) string {
 	h.t.Helper()
-	w.V, w.Pool = proto.Version, "default"
+	w.V, w.Pool, w.Claim = proto.Version, "default", testClaim
 	if w.Cwd == "" {
 		w.Cwd = "/tmp"
 	}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -64,11 +65,13 @@ type hidden struct {
 	dir  bool   // covered by an empty read-only tmpfs; else by /dev/null
 }
 
-// findHidden resolves paths (Config.Hide) for one job: a path that does not exist is skipped, a
-// symlink is followed (bwrap would mount on its target anyway, and the target is what must be
-// covered), and a path under a hidden directory is left out, as it is covered already (and bwrap
-// could not make its mount point in the read-only tmpfs).
-func findHidden(paths []string) ([]hidden, error) {
+// findHidden resolves paths (Config.Hide) for one job run as cred (nil: the runner's own user): a
+// path that does not exist is skipped, a symlink is followed (bwrap would mount on its target
+// anyway, and the target is what must be covered), and a path under a hidden directory is left out,
+// as it is covered already (and bwrap could not make its mount point in the read-only tmpfs). A path
+// in a directory cred cannot search is skipped too: the job cannot reach it, and bwrap, running as
+// cred, could not make its mount point there.
+func findHidden(paths []string, cred *Credential) ([]hidden, error) {
 	var hs []hidden
 	for _, p := range paths {
 		resolved, err := filepath.EvalSymlinks(p)
@@ -80,6 +83,9 @@ func findHidden(paths []string) ([]hidden, error) {
 		}
 		if resolved == "/" {
 			return nil, fmt.Errorf("hide %s: resolves to /", p)
+		}
+		if !searchable(filepath.Dir(resolved), cred) {
+			continue
 		}
 		fi, err := os.Stat(resolved)
 		if err != nil {
@@ -103,6 +109,40 @@ func findHidden(paths []string) ([]hidden, error) {
 		}
 	}
 	return out, nil
+}
+
+// searchable reports whether cred may search dir and every directory above it, by the mode bits
+// (nil cred: yes, bwrap then runs as the runner's own user, root).
+func searchable(dir string, cred *Credential) bool {
+	if cred == nil {
+		return true
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return false
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return true
+		}
+		mode := fi.Mode().Perm()
+		var x fs.FileMode
+		switch {
+		case st.Uid == cred.UID:
+			x = mode & 0o100
+		case st.Gid == cred.GID || slices.Contains(cred.Groups, st.Gid):
+			x = mode & 0o010
+		default:
+			x = mode & 0o001
+		}
+		if x == 0 {
+			return false
+		}
+		if d == "/" {
+			return true
+		}
+	}
 }
 
 // readonlyTools is what a readonly start needs: bwrap's path and the compiled filter. A Manager finds
@@ -138,7 +178,7 @@ func (t *readonlyTools) get(bwrap string) (*readonlyTools, error) {
 // wrap turns spec into bwrap running spec's program with hide (Config.Hide) covered, and returns the
 // file the program must find on seccompFD; the caller closes it once the process has started.
 func (t *readonlyTools) wrap(spec Spec, hide []string) (Spec, *os.File, error) {
-	hs, err := findHidden(hide)
+	hs, err := findHidden(hide, spec.Credential)
 	if err != nil {
 		return Spec{}, nil, fmt.Errorf("readonly: %w", err)
 	}

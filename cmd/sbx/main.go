@@ -60,6 +60,7 @@ Servers:
   serve        coordinator + embedded NATS + a runner, on this machine
   coordinator  the coordinator, against an external NATS
   runner       a runner, against an external NATS
+  auth         NATS credentials: init (a fleet's authority), runner (one runner's creds)
 
 Client (SBX_ADDR, default http://127.0.0.1:7070; SBX_TOKEN):
   run [flags] -- COMMAND...   start a job
@@ -92,6 +93,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdRunner(ctx, rest, getenv, stderr)
 	case "run", "ps", "status", "wait", "logs", "kill", "send", "runners", "events", "end-session":
 		return cmdClient(ctx, cmd, rest, getenv, stdout, stderr)
+	case "auth":
+		return cmdAuth(rest, stdout, stderr)
 	case "mcp":
 		return cmdMCP(ctx, rest, getenv, stderr)
 	case "help", "-h", "--help":

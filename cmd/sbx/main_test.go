@@ -48,6 +48,8 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 type instance struct {
 	addr string
 	c    *client.Client
+	// data is serve's data dir; nats the URL of its embedded NATS server.
+	data, nats string
 }
 
 // startServe runs `sbx serve` in-process, on random ports, until the test ends.
@@ -58,8 +60,9 @@ func startServe(t testing.TB, extra ...string) *instance {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{first: make(chan string, 1)}
+	data := t.TempDir()
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
-		"--data", t.TempDir(), "--cgroup-root", testCgroupRoot("sbx-cmd-test"), "--id", "serve"}, extra...)
+		"--data", data, "--cgroup-root", testCgroupRoot("sbx-cmd-test"), "--id", "serve"}, extra...)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, os.Getenv, out, io.Discard) }()
 	t.Cleanup(func() {
@@ -79,7 +82,9 @@ func startServe(t testing.TB, extra ...string) *instance {
 	// "sbx dev: API http://127.0.0.1:PORT, NATS ..."
 	_, rest, _ := strings.Cut(line, "API ")
 	addr, _, _ := strings.Cut(rest, ",")
-	s := &instance{addr: addr, c: client.New(addr, tokenOf(t, extra))}
+	_, rest, _ = strings.Cut(line, "NATS ")
+	natsURL, _, _ := strings.Cut(rest, ",")
+	s := &instance{addr: addr, c: client.New(addr, tokenOf(t, extra)), data: data, nats: natsURL}
 	// Ready once the runner's first heartbeat arrived.
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		rs, err := s.c.Runners(ctx)

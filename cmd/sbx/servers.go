@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
@@ -159,7 +160,7 @@ type runnerFlags struct {
 }
 
 func (r *runnerFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&r.id, "id", "", "runner id (default: the host name)")
+	fs.StringVar(&r.id, "id", "", "runner id (default: the one --nats-creds was minted for, else the host name)")
 	fs.StringVar(&r.pool, "pool", "default", "pool whose work this runner takes")
 	fs.IntVar(&r.slots, "slots", runner.DefaultSlots, "jobs run at once at most (a guard, not a CPU count: dev servers and watchers hold slots for hours)")
 	fs.StringVar(&r.cgroupRoot, "cgroup-root", "sbx", "cgroup under which the runner makes its jobs' cgroups")
@@ -192,27 +193,53 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	var rf runnerFlags
 	cf.register(fs, getenv)
 	rf.register(fs)
-	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, for more runners")
+	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, for more runners (each with creds from 'sbx auth runner --data DIR --id R')")
+	natsCert := fs.String("nats-tls-cert", "", "PEM certificate for the embedded NATS server to serve TLS with; needs --nats-tls-key")
+	natsKey := fs.String("nats-tls-key", "", "PEM private key of --nats-tls-cert")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if rf.user == "" {
 		rf.user = defaultUser(getenv)
 	}
+	if (*natsCert == "") != (*natsKey == "") {
+		return usageError("--nats-tls-cert and --nats-tls-key go together")
+	}
 	log := newLogger(stderr)
 	host, port, err := splitHostPort(*natsListen)
 	if err != nil {
 		return usageError("--nats-listen: %v", err)
+	}
+	if rf.id == "" {
+		if rf.id, err = runner.DefaultID(); err != nil {
+			return err
+		}
 	}
 	api, err := openAPI(cf, log)
 	if err != nil {
 		return err
 	}
 	defer api.ln.Close()
-	ns, err := server.NewServer(&server.Options{
+	// The embedded server runs in operator mode: it refuses anonymous clients, and the coordinator
+	// and the runner connect as users held to their own subjects.
+	auth, err := natsauth.Open(filepath.Join(cf.data, serveAuthDir))
+	if err != nil {
+		return err
+	}
+	opts := &server.Options{
 		ServerName: "sbx", Host: host, Port: port, JetStream: true, NoSigs: true,
 		StoreDir: filepath.Join(cf.data, "nats"), MaxPayload: 2 << 20,
-	})
+	}
+	if err := auth.Configure(opts); err != nil {
+		return err
+	}
+	if *natsCert != "" {
+		if opts.TLSConfig, err = server.GenTLSConfig(&server.TLSConfigOpts{CertFile: *natsCert, KeyFile: *natsKey}); err != nil {
+			return fmt.Errorf("--nats-tls-cert/--nats-tls-key: %w", err)
+		}
+		opts.TLS = true
+	}
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("embedded nats: %w", err)
 	}
@@ -221,16 +248,38 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if !ns.ReadyForConnections(30 * time.Second) {
 		return errors.New("embedded nats did not start")
 	}
-	coordConn, err := connect(log, "sbx-coordinator", "", nats.InProcessServer(ns))
+	coordCreds, err := auth.CoordinatorCreds()
+	if err != nil {
+		return err
+	}
+	runnerCreds, err := auth.RunnerCreds(rf.id)
+	if err != nil {
+		return usageError("--id: %v", err)
+	}
+	coordUser, err := credsOption(coordCreds)
+	if err != nil {
+		return err
+	}
+	runnerUser, err := credsOption(runnerCreds)
+	if err != nil {
+		return err
+	}
+	coordConn, err := connect(log, "sbx-coordinator", "", nats.InProcessServer(ns), coordUser)
 	if err != nil {
 		return err
 	}
 	defer coordConn.Close()
-	runnerConn, err := connect(log, "sbx-runner", "", nats.InProcessServer(ns))
+	runnerConn, err := connect(log, "sbx-runner", "", nats.InProcessServer(ns), runnerUser,
+		nats.CustomInboxPrefix(natsauth.RunnerInboxPrefix(rf.id)))
 	if err != nil {
 		return err
 	}
 	defer runnerConn.Close()
+	// The data dir holds every secret of serve (the authority, the store); jobs must not see it.
+	secrets, err := absPaths(cf.data, cf.tokenFile)
+	if err != nil {
+		return err
+	}
 
 	// The embedded server has no channel for its end; this goroutine ends with the deferred Shutdown.
 	nsDone := make(chan struct{})
@@ -245,7 +294,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		})
 	})
 	g.Go(func() error {
-		return supervise(gctx, "runner", func(ctx context.Context) error { return serveRunner(ctx, runnerConn, rf, log) })
+		return supervise(gctx, "runner", func(ctx context.Context) error { return serveRunner(ctx, runnerConn, rf, secrets, log) })
 	})
 	g.Go(func() error {
 		return supervise(gctx, "embedded nats", func(ctx context.Context) error {
@@ -262,13 +311,23 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 func cmdCoordinator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlags("coordinator", stderr)
 	var cf coordinatorFlags
+	var nf natsFlags
 	cf.register(fs, getenv)
-	natsURL := fs.String("nats", "", "NATS URL (required)")
+	nf.register(fs)
+	enrollKey := fs.String("enroll-key", "", "file (mode 0600) holding the enroll key: enables POST /v1/enroll, which gives runners holding the key creds for the id they ask (needs --nats-account-key)")
+	accountKey := fs.String("nats-account-key", "", "the account key (account.nk of sbx auth init) that signs enrolled runners' creds")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *natsURL == "" {
+	if nf.url == "" {
 		return usageError("coordinator: --nats URL is required")
+	}
+	if (*enrollKey == "") != (*accountKey == "") {
+		return usageError("--enroll-key and --nats-account-key go together")
+	}
+	opts, err := nf.options("")
+	if err != nil {
+		return err
 	}
 	log := newLogger(stderr)
 	api, err := openAPI(cf, log)
@@ -276,7 +335,19 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		return err
 	}
 	defer api.ln.Close()
-	nc, err := connect(log, "sbx-coordinator", *natsURL)
+	if *enrollKey != "" {
+		key, err := readToken(*enrollKey)
+		if err != nil {
+			return fmt.Errorf("--enroll-key: %w", err)
+		}
+		auth, err := natsauth.LoadAccountKey(*accountKey)
+		if err != nil {
+			return fmt.Errorf("--nats-account-key: %w", err)
+		}
+		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: &enroller{key: key, auth: auth, log: log}}
+		api.cfg.OwnCredential = []string{enrollPath}
+	}
+	nc, err := connect(log, "sbx-coordinator", nf.url, opts...)
 	if err != nil {
 		return err
 	}
@@ -291,21 +362,79 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr io.Writer) error {
 	fs := newFlags("runner", stderr)
 	var rf runnerFlags
+	var nf natsFlags
 	rf.register(fs)
-	natsURL := fs.String("nats", "", "NATS URL (required)")
+	nf.register(fs)
+	enrollURL := fs.String("enroll", "", "coordinator URL to get this runner's NATS creds from (POST /v1/enroll) when --nats-creds is not given")
+	enrollKeyFile := fs.String("enroll-key-file", "", "file (mode 0600) holding the coordinator's enroll key, for --enroll")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *natsURL == "" {
+	if nf.url == "" {
 		return usageError("runner: --nats URL is required")
 	}
+	if (*enrollURL == "") != (*enrollKeyFile == "") {
+		return usageError("--enroll and --enroll-key-file go together")
+	}
+	if *enrollURL != "" && nf.creds != "" {
+		return usageError("--enroll is for a runner without --nats-creds")
+	}
+	var err error
+	if rf.id, err = nf.runnerIDFromCreds(rf.id); err != nil {
+		return err
+	}
+	if rf.id == "" {
+		if rf.id, err = runner.DefaultID(); err != nil {
+			return err
+		}
+	}
+	opts, err := nf.options(rf.id)
+	if err != nil {
+		return err
+	}
+	if *enrollURL != "" {
+		key, err := readToken(*enrollKeyFile)
+		if err != nil {
+			return fmt.Errorf("--enroll-key-file: %w", err)
+		}
+		creds, err := enroll(ctx, *enrollURL, key, rf.id)
+		if err != nil {
+			return err
+		}
+		// The creds stay in memory: nothing on disk for a job to find.
+		user, err := credsOption(creds)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, user)
+	}
+	secrets, err := absPaths(nf.creds, nf.tlsKey, *enrollKeyFile)
+	if err != nil {
+		return err
+	}
 	log := newLogger(stderr)
-	nc, err := connect(log, "sbx-runner", *natsURL)
+	nc, err := connect(log, "sbx-runner", nf.url, opts...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	return serveRunner(ctx, nc, rf, log)
+	return serveRunner(ctx, nc, rf, secrets, log)
+}
+
+// absPaths returns the absolute, clean forms of the non-empty paths.
+func absPaths(paths ...string) ([]string, error) {
+	var out []string
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, abs)
+	}
+	return out, nil
 }
 
 // connect dials NATS with sbx's settings: reconnect forever, notice a dead link within seconds, and
@@ -359,6 +488,9 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log})
 	defer mcpHTTP.close()
 	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
+	for pattern, h := range api.cfg.Handlers {
+		cfg.Handlers[pattern] = h
+	}
 	srv := httpapi.NewServer(svc, cfg)
 	mcpHTTP.API = srv.Handler()
 
@@ -392,11 +524,11 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 	return err
 }
 
-// serveRunner runs a runner until ctx ends.
-func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, log *slog.Logger) error {
+// serveRunner runs a runner until ctx ends. Jobs never see secrets (runner.Config.Secrets).
+func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []string, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
 		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, Shell: rf.shell,
-		Cgroup: sandbox.Config{Root: rf.cgroupRoot},
+		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets,
 	})
 	if err != nil {
 		return err

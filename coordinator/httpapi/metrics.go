@@ -95,6 +95,10 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(&b, "sbx_runners %d\n", st.Runners)
 	metric("sbx_events_total", "counter", "Runner events applied.")
 	fmt.Fprintf(&b, "sbx_events_total %d\n", st.Events)
+	metric("sbx_forged_events_total", "counter", "Runner messages dropped as forged (wrong runner or claim), by kind.")
+	for _, kind := range coordinator.ForgedKinds {
+		fmt.Fprintf(&b, "sbx_forged_events_total{kind=%q} %d\n", kind, st.Forged[kind])
+	}
 	metric("sbx_jobs_removed_total", "counter", "Ended jobs removed by retention since the coordinator started.")
 	fmt.Fprintf(&b, "sbx_jobs_removed_total %d\n", st.JobsRemoved)
 	metric("sbx_notifications_removed_total", "counter", "Notifications removed by retention since the coordinator started.")

@@ -53,6 +53,9 @@ type Config struct {
 	// Handlers are more routes, as http.ServeMux patterns ("/mcp", "POST /hook/{id}"), served behind
 	// the same checks as /v1: Host and Origin, the token, the body's bounds and its Content-Type.
 	Handlers map[string]http.Handler
+	// OwnCredential lists paths of Handlers that check a credential of their own instead of the
+	// token (POST /v1/enroll takes the enroll key): every other check still holds for them.
+	OwnCredential []string
 	// Logger receives internal errors, which the API hides from clients (default: discard).
 	Logger *slog.Logger
 	// Ready reports the readiness of what the service depends on (store open, NATS connected);

@@ -126,7 +126,7 @@ func (h *harness) event(e *proto.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	if err := h.svc.HandleEvent(context.Background(), e); err != nil {
+	if err := h.svc.HandleEvent(context.Background(), claimed(h.svc, e)); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -140,7 +140,7 @@ func (h *harness) begin(id string) {
 // output appends data at offset.
 func (h *harness) output(id string, offset int64, data string) {
 	h.t.Helper()
-	if err := h.svc.HandleChunk(context.Background(), &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)}); err != nil {
+	if err := h.svc.HandleChunk(context.Background(), claimedChunk(h.svc, &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -404,10 +404,22 @@ func TestMetrics(t *testing.T) {
 		`sbx_http_requests_total{code="201"} 1` + "\n",
 		`sbx_http_requests_total{code="404"} 1` + "\n",
 		"# TYPE sbx_http_requests_total counter\n",
+		`sbx_forged_events_total{kind="output"} 0` + "\n",
 	} {
 		if !strings.Contains(string(r.body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, r.body)
 		}
+	}
+
+	// Output with a wrong claim is refused and counted.
+	h.startOnly()
+	id := h.start(map[string]any{"command": "sleep 100"}).Job.ID
+	forged := &proto.Chunk{Runner: "r1", JobID: id, Claim: "0000000000000000", Offset: 0, Data: []byte("forged")}
+	if err := h.svc.HandleChunk(t.Context(), forged); !errors.Is(err, coordinator.ErrForged) {
+		t.Fatalf("a chunk with a wrong claim: %v, want ErrForged", err)
+	}
+	if r := h.get("/metrics"); !strings.Contains(string(r.body), `sbx_forged_events_total{kind="output"} 1`+"\n") {
+		t.Errorf("the forged chunk is not counted:\n%s", r.body)
 	}
 }
 
@@ -520,4 +532,23 @@ func TestServe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// claimed fills in the claim of e's job, as its runner would: it learnt it from the work.
+func claimed(svc *coordinator.Service, e *proto.Event) *proto.Event {
+	if j, err := svc.Job(context.Background(), e.JobID); err == nil {
+		e.Claim = j.Claim
+	}
+	return e
+}
+
+// claimedChunk fills in the claim of c's job and, when unset, runner r1, as a runner's chunk has them.
+func claimedChunk(svc *coordinator.Service, c *proto.Chunk) *proto.Chunk {
+	if j, err := svc.Job(context.Background(), c.JobID); err == nil {
+		c.Claim = j.Claim
+	}
+	if c.Runner == "" {
+		c.Runner = "r1"
+	}
+	return c
 }

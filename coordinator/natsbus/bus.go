@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,7 +28,13 @@ type Config struct {
 	WorkMessages int64
 	// ControlTimeout bounds a control request to a runner (5 s).
 	ControlTimeout time.Duration
-	Logger         *slog.Logger
+	// ConsumerHeartbeat is how often the server shows the event consumer is alive while no event
+	// comes (5 s); after two missed ones Consume checks the consumer still exists.
+	ConsumerHeartbeat time.Duration
+	// MaxWorkConsumers bounds the work consumers the coordinator creates (512): a runner names its
+	// pool in its heartbeats, and a runner's creds must not make the coordinator create them without end.
+	MaxWorkConsumers int
+	Logger           *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -43,6 +50,12 @@ func (c *Config) setDefaults() {
 	if c.ControlTimeout == 0 {
 		c.ControlTimeout = 5 * time.Second
 	}
+	if c.ConsumerHeartbeat == 0 {
+		c.ConsumerHeartbeat = 5 * time.Second
+	}
+	if c.MaxWorkConsumers == 0 {
+		c.MaxWorkConsumers = 512
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -55,6 +68,10 @@ type Bus struct {
 	js     jetstream.JetStream
 	work   jetstream.Stream
 	events jetstream.Stream
+
+	// ensured holds when each work consumer was last made sure of (ensureWork).
+	mu      sync.Mutex
+	ensured map[string]time.Time
 }
 
 var _ coordinator.Dispatcher = (*Bus)(nil)
@@ -94,7 +111,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create stream %s: %w", proto.EventStream, err)
 	}
-	return &Bus{cfg: cfg, nc: nc, js: js, work: work, events: events}, nil
+	return &Bus{cfg: cfg, nc: nc, js: js, work: work, events: events, ensured: map[string]time.Time{}}, nil
 }
 
 // Ready reports whether the NATS connection is up.
@@ -111,6 +128,9 @@ func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
 	if w.Readonly {
 		capability = proto.CapReadonly
 	}
+	if err := b.ensureConsumer(ctx, w.Pool, capability); err != nil {
+		return 0, err
+	}
 	msg := &nats.Msg{Subject: proto.WorkSubject(w.Pool, capability), Data: proto.Encode(w), Header: nats.Header{}}
 	msg.Header.Set(proto.HeaderVersion, fmt.Sprint(proto.Version))
 	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(w.JobID))
@@ -120,13 +140,71 @@ func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
 	return ack.Sequence, nil
 }
 
+// ensureRefresh is how long a work consumer made sure of is taken to still exist.
+const ensureRefresh = time.Minute
+
+// ensureWork makes sure of the work consumers of a pool: plain, and readonly when its runner can run
+// readonly work. Failures are logged: the next heartbeat tries again.
+func (b *Bus) ensureWork(ctx context.Context, pool string, readonly bool) {
+	caps := []string{proto.CapPlain}
+	if readonly {
+		caps = append(caps, proto.CapReadonly)
+	}
+	for _, c := range caps {
+		if err := b.ensureConsumer(ctx, pool, c); err != nil {
+			b.cfg.Logger.Warn("work consumer", "pool", pool, "capability", c, "err", err)
+		}
+	}
+}
+
+// ensureConsumer creates (or updates) the durable pull consumer shared by the runners of a pool for a
+// capability, unless it was made sure of within ensureRefresh. The coordinator creates the work
+// consumers so that runners need no right to create, change or delete any: a runner only binds.
+func (b *Bus) ensureConsumer(ctx context.Context, pool, capability string) error {
+	name := proto.WorkConsumer(pool, capability)
+	b.mu.Lock()
+	last, known := b.ensured[name]
+	full := !known && len(b.ensured) >= b.cfg.MaxWorkConsumers
+	b.mu.Unlock()
+	if time.Since(last) < ensureRefresh {
+		return nil
+	}
+	if full {
+		return fmt.Errorf("work consumer %s: the coordinator already made %d, the most it makes", name, b.cfg.MaxWorkConsumers)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := b.js.CreateOrUpdateConsumer(ctx, proto.WorkStream, workConsumerConfig(pool, capability))
+	if err != nil {
+		return fmt.Errorf("create work consumer %s: %w", name, err)
+	}
+	b.mu.Lock()
+	b.ensured[name] = time.Now()
+	b.mu.Unlock()
+	return nil
+}
+
+// workConsumerConfig is the configuration of the work consumer of a pool and capability. A message
+// not acked within AckWait goes to another pull; a runner acks before it starts the job.
+func workConsumerConfig(pool, capability string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       proto.WorkConsumer(pool, capability),
+		FilterSubject: proto.WorkSubject(pool, capability),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+	}
+}
+
 // Withdraw deletes queued work. It reports false when a runner already took it.
 func (b *Bus) Withdraw(ctx context.Context, seq uint64) (bool, error) {
 	if seq == 0 {
 		return false, nil
 	}
 	err := b.work.DeleteMsg(ctx, seq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
+	// A message a runner acked a moment ago is gone from the work-queue stream: the server answers
+	// either "not found" or an unsuccessful delete, and both mean a runner has it.
+	if errors.Is(err, jetstream.ErrMsgNotFound) || errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
 		return false, nil
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package natsbus
 
 import (
 	"context"
+	"errors"
 	"io"
 	"path/filepath"
 	"regexp"
@@ -79,16 +80,26 @@ func startCoordinator(t *testing.T, nc *nats.Conn, dir string) *coordinatorLife 
 	return &coordinatorLife{svc: svc, bus: bus, stop: stop}
 }
 
-// fakeRunner publishes what a runner would, straight into the event stream.
+// fakeRunner publishes what a runner would, straight into the event stream. Its id is "r1" unless
+// set, and it knows the claims of the jobs it is given.
 type fakeRunner struct {
-	t  *testing.T
-	js jetstream.JetStream
+	t      *testing.T
+	js     jetstream.JetStream
+	id     string
+	claims map[string]string
+}
+
+func (r *fakeRunner) runnerID() string {
+	if r.id == "" {
+		return "r1"
+	}
+	return r.id
 }
 
 func (r *fakeRunner) event(e *proto.Event) {
 	r.t.Helper()
-	e.V, e.Runner, e.Time = proto.Version, "r1", time.Now()
-	msg := &nats.Msg{Subject: proto.StateSubject(e.JobID), Data: proto.Encode(e), Header: nats.Header{}}
+	e.V, e.Runner, e.Time, e.Claim = proto.Version, r.runnerID(), time.Now(), r.claims[e.JobID]
+	msg := &nats.Msg{Subject: proto.StateSubject(r.runnerID(), e.JobID), Data: proto.Encode(e), Header: nats.Header{}}
 	msg.Header.Set(proto.HeaderMsgID, e.MsgID())
 	if _, err := r.js.PublishMsg(context.Background(), msg); err != nil {
 		r.t.Fatal(err)
@@ -97,10 +108,20 @@ func (r *fakeRunner) event(e *proto.Event) {
 
 func (r *fakeRunner) chunk(id string, off int64, data string) {
 	r.t.Helper()
-	c := &proto.Chunk{JobID: id, Offset: off, Data: []byte(data)}
-	if _, err := r.js.PublishMsg(context.Background(), &nats.Msg{Subject: proto.OutputSubject(id), Data: c.Data, Header: nats.Header(c.Headers())}); err != nil {
+	c := &proto.Chunk{JobID: id, Claim: r.claims[id], Offset: off, Data: []byte(data)}
+	if _, err := r.js.PublishMsg(context.Background(), &nats.Msg{Subject: proto.OutputSubject(r.runnerID(), id), Data: c.Data, Header: nats.Header(c.Headers())}); err != nil {
 		r.t.Fatal(err)
 	}
+}
+
+// claimOf returns the claim of a job the coordinator started.
+func claimOf(t *testing.T, svc *coordinator.Service, id string) string {
+	t.Helper()
+	j, err := svc.Job(t.Context(), id)
+	if err != nil || !proto.ValidClaim(j.Claim) {
+		t.Fatalf("job %s has no claim (%v)", id, err)
+	}
+	return j.Claim
 }
 
 // TestRestartResumes: events published while the coordinator is down are applied when it comes back,
@@ -116,7 +137,7 @@ func TestRestartResumes(t *testing.T) {
 	}
 	id := res.Job.ID
 	js, _ := jetstream.New(nc)
-	r := &fakeRunner{t: t, js: js}
+	r := &fakeRunner{t: t, js: js, claims: map[string]string{id: claimOf(t, first.svc, id)}}
 	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
 	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
 	r.chunk(id, 0, "before restart\n")
@@ -178,4 +199,209 @@ func mustCompile(t *testing.T, pattern string) *regexp.Regexp {
 		t.Fatal(err)
 	}
 	return re
+}
+
+// TestForgedEvents: an event or chunk from a runner that does not run the job, or without the job's
+// claim, is dropped and counted; the job keeps running and its output stays the real runner's.
+func TestForgedEvents(t *testing.T) {
+	nc := startNATS(t)
+	c := startCoordinator(t, nc, t.TempDir())
+	ctx := t.Context()
+	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "sleep 100", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	claim := claimOf(t, c.svc, id)
+	js, _ := jetstream.New(nc)
+	real := &fakeRunner{t: t, js: js, claims: map[string]string{id: claim}}
+	real.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
+	real.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	real.chunk(id, 0, "real\n")
+	if w, err := c.svc.Wait(ctx, id, 5*time.Second, mustCompile(t, "real")); err != nil || !w.PatternMatched {
+		t.Fatalf("the real output did not arrive: %+v %v", w, err)
+	}
+
+	code := 0
+	other := &fakeRunner{t: t, js: js, id: "r2", claims: map[string]string{id: claim}}
+	noClaim := &fakeRunner{t: t, js: js, claims: map[string]string{id: "0123456789abcdef0123456789abcdef"}}
+	other.chunk(id, 5, "forged\n")
+	other.event(&proto.Event{Kind: proto.EventExited, JobID: id, ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: 5})
+	noClaim.chunk(id, 0, "forged\n")
+	noClaim.event(&proto.Event{Kind: proto.EventExited, JobID: id, ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: 5})
+	// The body names r1 but the subject is r2's: what NATS auth lets r2 publish.
+	e := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Claim: claim, Time: time.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: 5}
+	if _, err := js.Publish(ctx, proto.StateSubject("r2", id), proto.Encode(e)); err != nil {
+		t.Fatal(err)
+	}
+
+	deadline := time.Now().Add(10 * time.Second)
+	for c.svc.Stats().Forged[coordinator.ForgedState] < 3 || c.svc.Stats().Forged[coordinator.ForgedOutput] < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("forged messages counted: %v", c.svc.Stats().Forged)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	j, err := c.svc.Job(ctx, id)
+	if err != nil || j.Status != coordinator.StatusRunning || j.Runner != "r1" {
+		t.Fatalf("after forged events the job is %+v (%v), want running on r1", j, err)
+	}
+	rc, _, err := c.svc.Output(ctx, id, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if b, _ := io.ReadAll(rc); string(b) != "real\n" {
+		t.Fatalf("output %q, want the real runner's", b)
+	}
+	// Terminated, not redelivered: nothing is left pending on the event consumer.
+	cons, err := js.Consumer(ctx, proto.EventStream, proto.EventConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending == 0 && info.NumPending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("forged events still pending: %d ack pending, %d pending", info.NumAckPending, info.NumPending)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestForgedHeartbeat: a heartbeat naming another runner than its subject's is dropped and counted.
+func TestForgedHeartbeat(t *testing.T) {
+	nc := startNATS(t)
+	c := startCoordinator(t, nc, t.TempDir())
+	forged := &proto.Heartbeat{V: proto.Version, Runner: "victim", Pool: "default", Slots: 1, Readonly: true, Boot: time.Now(), Time: time.Now()}
+	honest := *forged
+	honest.Runner = "r2"
+	deadline := time.Now().Add(5 * time.Second)
+	// Consume subscribes in the background: publish until the honest one is seen.
+	for len(c.svc.Runners()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the honest heartbeat was not applied")
+		}
+		for _, hb := range []*proto.Heartbeat{forged, &honest} {
+			if err := nc.Publish(proto.HeartbeatSubject("r2"), proto.Encode(hb)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rs := c.svc.Runners(); len(rs) != 1 || rs[0].ID != "r2" {
+		t.Fatalf("runners %+v, want r2 alone", rs)
+	}
+	if n := c.svc.Stats().Forged[coordinator.ForgedHeartbeat]; n < 1 {
+		t.Fatalf("forged heartbeats counted: %d, want at least 1", n)
+	}
+}
+
+// TestWithdrawTaken: a kill racing a runner's ack answers "taken", never an error: the work stream
+// says "not found" or "delete unsuccessful" for a message acked a moment ago.
+func TestWithdrawTaken(t *testing.T) {
+	nc := startNATS(t)
+	c := startCoordinator(t, nc, t.TempDir())
+	ctx := t.Context()
+	for i := range 20 {
+		seq, err := c.bus.Dispatch(ctx, &proto.Work{V: proto.Version, JobID: "w" + string(rune('a'+i)), Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons, err := c.bus.js.Consumer(ctx, proto.WorkStream, proto.WorkConsumer("default", proto.CapPlain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := cons.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := msg.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if withdrawn, err := c.bus.Withdraw(ctx, seq); err != nil || withdrawn {
+			t.Fatalf("withdraw of taken work %d: %v, %v; want false, nil", seq, withdrawn, err)
+		}
+	}
+}
+
+// TestConsumeConsumerDeleted: when the event consumer is deleted, Consume returns an error (the
+// supervisor then exits the process) rather than waiting forever.
+func TestConsumeConsumerDeleted(t *testing.T) {
+	nc := startNATS(t)
+	ctx := t.Context()
+	bus, err := New(ctx, nc, Config{ConsumerHeartbeat: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	db, err := store.Open(filepath.Join(dir, "sbx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	terms, err := store.OpenTerminals(filepath.Join(dir, "terminals"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer terms.Close()
+	svc, err := coordinator.New(ctx, coordinator.Config{}, db, terms, bus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- bus.Consume(ctx, svc) }()
+	js, _ := jetstream.New(nc)
+	for {
+		if _, err := js.Consumer(ctx, proto.EventStream, proto.EventConsumer); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // a pull is waiting
+	if err := js.DeleteConsumer(ctx, proto.EventStream, proto.EventConsumer); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrConsumerGone) {
+			t.Fatalf("Consume returned %v, want ErrConsumerGone", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Consume still runs 10 s after its consumer was deleted")
+	}
+}
+
+// TestWorkConsumersBounded: the coordinator creates work consumers for the pools runners name, up to
+// MaxWorkConsumers: heartbeats naming ever new pools do not make it create consumers without end.
+func TestWorkConsumersBounded(t *testing.T) {
+	nc := startNATS(t)
+	ctx := t.Context()
+	bus, err := New(ctx, nc, Config{MaxWorkConsumers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pool := range []string{"a", "b", "c"} {
+		bus.ensureWork(ctx, pool, pool == "a")
+	}
+	if _, err := bus.js.Consumer(ctx, proto.WorkStream, proto.WorkConsumer("a", proto.CapReadonly)); err != nil {
+		t.Fatalf("pool a's readonly consumer: %v", err)
+	}
+	if _, err := bus.js.Consumer(ctx, proto.WorkStream, proto.WorkConsumer("b", proto.CapPlain)); err != nil {
+		t.Fatalf("pool b's consumer: %v", err)
+	}
+	if _, err := bus.js.Consumer(ctx, proto.WorkStream, proto.WorkConsumer("c", proto.CapPlain)); err == nil {
+		t.Fatal("a fourth work consumer was created past the bound of 3")
+	}
+	if err := bus.ensureConsumer(ctx, "a", proto.CapPlain); err != nil {
+		t.Fatalf("a known consumer is refused: %v", err)
+	}
 }

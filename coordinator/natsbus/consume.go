@@ -18,11 +18,20 @@ type Handler interface {
 	HandleEvent(ctx context.Context, e *proto.Event) error
 	HandleChunk(ctx context.Context, c *proto.Chunk) error
 	HandleHeartbeat(h *proto.Heartbeat)
+	// Forged counts a message of a kind (coordinator.ForgedState...) dropped as forged and returns
+	// coordinator.ErrForged wrapped with why.
+	Forged(kind, why string) error
 }
+
+// ErrConsumerGone is returned by Consume when the coordinator's event consumer was deleted under it.
+var ErrConsumerGone = errors.New("natsbus: the event consumer is gone")
 
 // Consume feeds every event of the event stream and every heartbeat to h until ctx ends. An event is
 // acked only after h stored it; one h cannot place yet is redelivered shortly; one that does not
-// decode is logged and terminated.
+// decode, or is forged, is logged and terminated. A heartbeat counts only from the runner its subject
+// names (with NATS auth, the one that published it). Each heartbeat also makes sure the work
+// consumers of the runner's pool exist: runners bind to them but may not create them. Consume returns
+// an error when the event consumer is deleted or its iterator stops while ctx lives.
 func (b *Bus) Consume(ctx context.Context, h Handler) error {
 	sub, err := b.nc.Subscribe(proto.HeartbeatSubjects, func(m *nats.Msg) {
 		hb, err := proto.DecodeHeartbeat(m.Data)
@@ -30,6 +39,12 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 			b.cfg.Logger.Warn("bad heartbeat", "subject", m.Subject, "err", err)
 			return
 		}
+		if from, _ := proto.RunnerFromHeartbeat(m.Subject); from != hb.Runner {
+			err := h.Forged(coordinator.ForgedHeartbeat, fmt.Sprintf("a heartbeat on %s names runner %s", m.Subject, hb.Runner))
+			b.cfg.Logger.Error("dropping forged heartbeat", "subject", m.Subject, "err", err)
+			return
+		}
+		b.ensureWork(ctx, hb.Pool, hb.Readonly)
 		h.HandleHeartbeat(hb)
 	})
 	if err != nil {
@@ -48,7 +63,8 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 	if err != nil {
 		return fmt.Errorf("create consumer %s: %w", proto.EventConsumer, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(512))
+	it, err := cons.Messages(jetstream.PullMaxMessages(512), jetstream.PullHeartbeat(b.cfg.ConsumerHeartbeat),
+		jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return fmt.Errorf("consume events: %w", err)
 	}
@@ -57,32 +73,48 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 	defer it.Stop()
 	for {
 		msg, err := it.Next()
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+		switch {
+		case ctx.Err() != nil:
 			return nil
-		}
-		if err != nil {
+		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
+			return fmt.Errorf("%w: %v", ErrConsumerGone, err)
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+			return fmt.Errorf("consume events: %w", err)
+		case errors.Is(err, jetstream.ErrNoHeartbeat):
+			// The server stopped answering pulls: a lost link (the iterator pulls again once it is
+			// back), or the consumer deleted while no pull was waiting, which only asking tells.
+			if _, ierr := cons.Info(ctx); errors.Is(ierr, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("%w: %v", ErrConsumerGone, ierr)
+			}
 			b.cfg.Logger.Warn("event stream", "err", err)
-			continue
+		case err != nil:
+			b.cfg.Logger.Warn("event stream", "err", err)
+		default:
+			b.apply(ctx, h, msg)
 		}
-		b.apply(ctx, h, msg)
 	}
 }
 
 // apply hands one message to h and acks, naks or terminates it.
 func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) {
-	_, kind, ok := proto.JobFromSubject(msg.Subject())
+	from, job, kind, ok := proto.ParseEventSubject(msg.Subject())
 	var err error
 	switch {
 	case !ok:
 		err = fmt.Errorf("%w: subject %s", proto.ErrInvalid, msg.Subject())
-	case kind == "out":
+	case kind == proto.KindOutput:
 		var c *proto.Chunk
 		if c, err = proto.DecodeChunk(msg.Subject(), msg.Headers(), msg.Data()); err == nil {
 			err = h.HandleChunk(ctx, c)
 		}
 	default:
 		var e *proto.Event
-		if e, err = proto.DecodeEvent(msg.Data()); err == nil {
+		e, err = proto.DecodeEvent(msg.Data())
+		switch {
+		case err != nil:
+		case e.Runner != from || e.JobID != job:
+			err = h.Forged(coordinator.ForgedState, fmt.Sprintf("an event of job %s from runner %s on %s", e.JobID, e.Runner, msg.Subject()))
+		default:
 			err = h.HandleEvent(ctx, e)
 		}
 	}
@@ -91,6 +123,9 @@ func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) {
 		err = msg.Ack()
 	case errors.Is(err, proto.ErrInvalid):
 		b.cfg.Logger.Error("dropping undecodable event", "subject", msg.Subject(), "err", err)
+		err = msg.Term()
+	case errors.Is(err, coordinator.ErrForged):
+		b.cfg.Logger.Error("dropping forged event", "subject", msg.Subject(), "err", err)
 		err = msg.Term()
 	case errors.Is(err, coordinator.ErrNotReady):
 		err = msg.NakWithDelay(50 * time.Millisecond)

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
+)
+
+// serveAuthDir is where `sbx serve` keeps its NATS authority, under its data dir.
+const serveAuthDir = "nats-auth"
+
+const authUsage = `usage: sbx auth <command> [flags]
+
+  init   --dir DIR                          make the NATS authority of a fleet: keys, coordinator.creds,
+                                            nats-auth.conf for the NATS server to include
+  runner (--dir DIR | --data DIR) --id R [--out F]
+                                            mint the credentials of runner R (--data: of an sbx serve)`
+
+// cmdAuth mints NATS credentials: `sbx auth init` and `sbx auth runner`.
+func cmdAuth(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, authUsage)
+		return &exitError{code: 2}
+	}
+	switch args[0] {
+	case "init":
+		return cmdAuthInit(args[1:], stdout, stderr)
+	case "runner":
+		return cmdAuthRunner(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprintln(stdout, authUsage)
+		return nil
+	}
+	fmt.Fprintln(stderr, authUsage)
+	return usageError("auth: unknown command %q", args[0])
+}
+
+// cmdAuthInit makes (or keeps) the authority in --dir and writes coordinator.creds and
+// nats-auth.conf next to its keys.
+func cmdAuthInit(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("auth init", stderr)
+	dir := fs.String("dir", "", "directory of the authority (created 0700; required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return usageError("auth init: --dir DIR is required")
+	}
+	a, err := natsauth.Open(*dir)
+	if err != nil {
+		return err
+	}
+	conf, err := a.ServerConfig()
+	if err != nil {
+		return err
+	}
+	creds, err := a.CoordinatorCreds()
+	if err != nil {
+		return err
+	}
+	confPath, credsPath := filepath.Join(*dir, natsauth.ServerConfigFile), filepath.Join(*dir, natsauth.CoordinatorCredsFile)
+	if err := natsauth.WriteSecret(confPath, conf); err != nil {
+		return err
+	}
+	if err := natsauth.WriteSecret(credsPath, creds); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s (include it from nats.conf) and %s (sbx coordinator --nats-creds); keep %s offline\n",
+		confPath, credsPath, filepath.Join(*dir, natsauth.OperatorSeedFile))
+	return nil
+}
+
+// cmdAuthRunner mints a runner's credentials from the account key of --dir, or of the serve data
+// dir --data, to --out (0600) or stdout.
+func cmdAuthRunner(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("auth runner", stderr)
+	dir := fs.String("dir", "", "directory of the authority (sbx auth init --dir)")
+	data := fs.String("data", "", "data directory of an sbx serve, whose authority to use")
+	id := fs.String("id", "", "runner id the credentials are for (required)")
+	out := fs.String("out", "", "file to write (0600); default stdout")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *id == "":
+		return usageError("auth runner: --id R is required")
+	case (*dir == "") == (*data == ""):
+		return usageError("auth runner: give one of --dir DIR and --data DIR")
+	case *data != "":
+		*dir = filepath.Join(*data, serveAuthDir)
+	}
+	a, err := natsauth.LoadAccount(*dir)
+	if err != nil {
+		return err
+	}
+	creds, err := a.RunnerCreds(*id)
+	if err != nil {
+		return usageError("auth runner: %v", err)
+	}
+	if *out == "" {
+		_, err := stdout.Write(creds)
+		return err
+	}
+	return natsauth.WriteSecret(*out, creds)
+}
+
+// natsFlags are the NATS client flags the coordinator and the runner share. Credentials come from a
+// file only: never on the command line or in an environment that jobs inherit.
+type natsFlags struct {
+	url, creds, ca, tlsCert, tlsKey string
+}
+
+func (n *natsFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&n.url, "nats", "", "NATS URL (required)")
+	fs.StringVar(&n.creds, "nats-creds", "", "NATS credentials file (mode 0600), from sbx auth init or sbx auth runner")
+	fs.StringVar(&n.ca, "nats-ca", "", "PEM CA bundle the NATS server's certificate must chain to (TLS)")
+	fs.StringVar(&n.tlsCert, "nats-tls-cert", "", "PEM client certificate for NATS (TLS); needs --nats-tls-key")
+	fs.StringVar(&n.tlsKey, "nats-tls-key", "", "PEM private key of --nats-tls-cert")
+}
+
+// options checks the flags and returns the connection options they ask for. runnerID, when set,
+// gives the connection the runner's own inbox prefix.
+func (n *natsFlags) options(runnerID string) ([]nats.Option, error) {
+	var opts []nats.Option
+	if n.creds != "" {
+		if _, err := natsauth.ReadSecret(n.creds); err != nil {
+			return nil, fmt.Errorf("--nats-creds: %w", err)
+		}
+		opts = append(opts, nats.UserCredentials(n.creds))
+	}
+	if runnerID != "" {
+		opts = append(opts, nats.CustomInboxPrefix(natsauth.RunnerInboxPrefix(runnerID)))
+	}
+	if n.ca != "" {
+		opts = append(opts, nats.RootCAs(n.ca))
+	}
+	if (n.tlsCert == "") != (n.tlsKey == "") {
+		return nil, usageError("--nats-tls-cert and --nats-tls-key go together")
+	}
+	if n.tlsCert != "" {
+		opts = append(opts, nats.ClientCert(n.tlsCert, n.tlsKey))
+	}
+	return opts, nil
+}
+
+// runnerIDFromCreds returns the runner id --nats-creds was minted for, checking it against --id:
+// a runner connecting with another runner's creds would be refused every publish.
+func (n *natsFlags) runnerIDFromCreds(id string) (string, error) {
+	if n.creds == "" {
+		return id, nil
+	}
+	b, err := natsauth.ReadSecret(n.creds)
+	if err != nil {
+		return "", fmt.Errorf("--nats-creds: %w", err)
+	}
+	credsID, err := natsauth.RunnerOf(b)
+	if err != nil {
+		return "", fmt.Errorf("--nats-creds: %w", err)
+	}
+	switch {
+	case credsID == "":
+		return id, nil // not a runner's creds (a shared user of the operator's own): its business
+	case id == "":
+		return credsID, nil
+	case id != credsID:
+		return "", usageError("--id %s but --nats-creds is runner %s's", id, credsID)
+	}
+	return id, nil
+}
+
+// credsOption returns the option that connects as the user of creds held in memory: serve's
+// in-process connections, an enrolled runner.
+func credsOption(creds []byte) (nats.Option, error) {
+	token, seed, err := natsauth.Split(creds)
+	if err != nil {
+		return nil, err
+	}
+	return nats.UserJWTAndSeed(token, string(seed)), nil
+}

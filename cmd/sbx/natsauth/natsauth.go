@@ -1,0 +1,346 @@
+// Package natsauth mints sbx's NATS credentials: an operator, the sbx account and the system
+// account as nkeys, the JWTs NATS's operator mode trusts, and a user per role — the coordinator, and
+// one per runner id — whose permissions hold it to its own subjects (see docs/security.md).
+package natsauth
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Files of an authority directory.
+const (
+	// OperatorSeedFile signs the account JWTs: needed by `sbx auth init` only, keep it offline after.
+	OperatorSeedFile = "operator.nk"
+	// AccountSeedFile signs user JWTs: whoever holds it mints any runner's or the coordinator's creds.
+	AccountSeedFile = "account.nk"
+	// SystemSeedFile is the system account's key.
+	SystemSeedFile = "system.nk"
+	// ServerConfigFile is the NATS server configuration include (operator, resolver, preload).
+	ServerConfigFile = "nats-auth.conf"
+	// CoordinatorCredsFile is the coordinator's credentials.
+	CoordinatorCredsFile = "coordinator.creds"
+)
+
+// Name is the name of the sbx account and the prefix of the operator's.
+const Name = "sbx"
+
+// CoordinatorUser is the name of the coordinator's user.
+const CoordinatorUser = "sbx-coordinator"
+
+// runnerUserPrefix starts the name of a runner's user; the runner id follows.
+const runnerUserPrefix = "sbx-runner-"
+
+// ErrNoAuthority is returned when a directory holds no account key.
+var ErrNoAuthority = errors.New("natsauth: no account key")
+
+// Authority holds the keys of an sbx NATS deployment. The operator and system keys are nil when
+// only the account key was loaded (LoadAccount): then it mints users but no server configuration.
+type Authority struct {
+	operator, account, system nkeys.KeyPair
+}
+
+// Open loads the authority kept in dir, creating it (dir 0700, files 0600) on first use.
+func Open(dir string) (*Authority, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("auth dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("auth dir: %w", err)
+	}
+	a := &Authority{}
+	for _, k := range []struct {
+		file   string
+		prefix nkeys.PrefixByte
+		kp     *nkeys.KeyPair
+	}{
+		{OperatorSeedFile, nkeys.PrefixByteOperator, &a.operator},
+		{AccountSeedFile, nkeys.PrefixByteAccount, &a.account},
+		{SystemSeedFile, nkeys.PrefixByteAccount, &a.system},
+	} {
+		kp, err := loadOrCreate(filepath.Join(dir, k.file), k.prefix)
+		if err != nil {
+			return nil, err
+		}
+		*k.kp = kp
+	}
+	return a, nil
+}
+
+// LoadAccount loads only the account key of dir: enough to mint users.
+func LoadAccount(dir string) (*Authority, error) {
+	a, err := LoadAccountKey(filepath.Join(dir, AccountSeedFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w in %s (run `sbx auth init --dir %s` first)", ErrNoAuthority, dir, dir)
+	}
+	return a, err
+}
+
+// LoadAccountKey loads the account key from its seed file (AccountSeedFile of an authority).
+func LoadAccountKey(path string) (*Authority, error) {
+	kp, err := loadSeed(path, nkeys.PrefixByteAccount)
+	if err != nil {
+		return nil, err
+	}
+	return &Authority{account: kp}, nil
+}
+
+// loadOrCreate reads a seed file, or makes a new key of the kind and writes its seed (0600).
+func loadOrCreate(path string, prefix nkeys.PrefixByte) (nkeys.KeyPair, error) {
+	kp, err := loadSeed(path, prefix)
+	if !errors.Is(err, os.ErrNotExist) {
+		return kp, err
+	}
+	kp, err = nkeys.CreatePair(prefix)
+	if err != nil {
+		return nil, fmt.Errorf("create key: %w", err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, err
+	}
+	if err := WriteSecret(path, append(seed, '\n')); err != nil {
+		return nil, err
+	}
+	return kp, nil
+}
+
+// loadSeed reads a seed file, refusing one that group or others may read, and checks its kind.
+func loadSeed(path string, prefix nkeys.PrefixByte) (nkeys.KeyPair, error) {
+	b, err := ReadSecret(path)
+	if err != nil {
+		return nil, err
+	}
+	kp, err := nkeys.FromSeed(bytes.TrimSpace(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, err
+	}
+	if nkeys.Prefix(pub) != prefix {
+		return nil, fmt.Errorf("%s holds a key of the wrong kind", path)
+	}
+	return kp, nil
+}
+
+// ReadSecret reads a file holding a secret, refusing one that group or others may access: as ssh
+// refuses such a private key.
+func ReadSecret(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if mode := fi.Mode().Perm(); mode&0o077 != 0 {
+		return nil, fmt.Errorf("%s has mode %04o: group and others must have no access (chmod 600 %s)", path, mode, path)
+	}
+	return os.ReadFile(path)
+}
+
+// WriteSecret writes a secret file with mode 0600, replacing any earlier one whole.
+func WriteSecret(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func publicKey(kp nkeys.KeyPair) string {
+	pub, err := kp.PublicKey()
+	if err != nil {
+		panic("natsauth: public key of a loaded key: " + err.Error())
+	}
+	return pub
+}
+
+// jwts mints the operator JWT and the JWTs of the sbx and system accounts.
+func (a *Authority) jwts() (op *jwt.OperatorClaims, opJWT, accJWT, sysJWT string, err error) {
+	if a.operator == nil {
+		return nil, "", "", "", errors.New("natsauth: the operator key was not loaded")
+	}
+	op = jwt.NewOperatorClaims(publicKey(a.operator))
+	op.Name = Name + "-operator"
+	op.SystemAccount = publicKey(a.system)
+	if opJWT, err = op.Encode(a.operator); err != nil {
+		return nil, "", "", "", fmt.Errorf("operator jwt: %w", err)
+	}
+	acc := jwt.NewAccountClaims(publicKey(a.account))
+	acc.Name = Name
+	// JetStream on, bounded by the server's own limits.
+	acc.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+	if accJWT, err = acc.Encode(a.operator); err != nil {
+		return nil, "", "", "", fmt.Errorf("account jwt: %w", err)
+	}
+	sys := jwt.NewAccountClaims(publicKey(a.system))
+	sys.Name = "SYS"
+	if sysJWT, err = sys.Encode(a.operator); err != nil {
+		return nil, "", "", "", fmt.Errorf("system account jwt: %w", err)
+	}
+	return op, opJWT, accJWT, sysJWT, nil
+}
+
+// Configure puts a server in operator mode: it trusts this authority's operator, resolves the two
+// accounts from memory and admits no client without a user JWT signed by the sbx account.
+func (a *Authority) Configure(o *server.Options) error {
+	op, _, accJWT, sysJWT, err := a.jwts()
+	if err != nil {
+		return err
+	}
+	res := &server.MemAccResolver{}
+	if err := res.Store(publicKey(a.account), accJWT); err != nil {
+		return err
+	}
+	if err := res.Store(publicKey(a.system), sysJWT); err != nil {
+		return err
+	}
+	o.TrustedOperators = []*jwt.OperatorClaims{op}
+	o.SystemAccount = publicKey(a.system)
+	o.AccountResolver = res
+	return nil
+}
+
+// ServerConfig is the NATS configuration include for an external server (nats-auth.conf): the
+// operator JWT, the system account and a memory resolver preloaded with both accounts.
+func (a *Authority) ServerConfig() ([]byte, error) {
+	_, opJWT, accJWT, sysJWT, err := a.jwts()
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Written by `sbx auth init`: NATS in operator mode for sbx. Anonymous clients are refused;\n")
+	fmt.Fprintf(&b, "# each sbx user holds creds minted by `sbx auth`. Regenerate rather than edit.\n")
+	fmt.Fprintf(&b, "operator: %s\n", opJWT)
+	fmt.Fprintf(&b, "system_account: %s\n", publicKey(a.system))
+	fmt.Fprintf(&b, "resolver: MEMORY\n")
+	fmt.Fprintf(&b, "resolver_preload: {\n  %s: %s\n  %s: %s\n}\n", publicKey(a.account), accJWT, publicKey(a.system), sysJWT)
+	return b.Bytes(), nil
+}
+
+// CoordinatorPermissions are the coordinator's: sbx's subjects, the JetStream API and acks, its
+// inbox, and the micro discovery subjects.
+func CoordinatorPermissions() jwt.Permissions {
+	return jwt.Permissions{
+		Pub: jwt.Permission{Allow: []string{"sbx.v1.>", "$JS.API.>", "$JS.ACK.>", "_INBOX.>", "$SRV.>"}},
+		Sub: jwt.Permission{Allow: []string{"sbx.v1.>", "_INBOX.>", "$SRV.>"}},
+	}
+}
+
+// RunnerInboxPrefix is the inbox prefix of runner id (nats.CustomInboxPrefix): a runner subscribes to
+// its own inbox only, so no runner reads another's replies.
+func RunnerInboxPrefix(id string) string { return "_INBOX_" + id }
+
+// RunnerPermissions hold runner id to its own subjects. It publishes its events (JetStream publishes
+// are plain publishes with a reply to its inbox) and heartbeats, binds to and pulls from the work
+// consumers and acks what it took; it subscribes to its control subject, micro discovery and its
+// inbox, and answers the requests it gets. It cannot publish work, read the work or event subjects,
+// publish another runner's events or heartbeats, or create, change or delete streams and consumers.
+func RunnerPermissions(id string) jwt.Permissions {
+	ws := proto.WorkStream
+	return jwt.Permissions{
+		Pub: jwt.Permission{Allow: []string{
+			proto.RunnerEventSubjects(id),
+			proto.HeartbeatSubject(id),
+			"$JS.API.CONSUMER.INFO." + ws + ".*",
+			"$JS.API.CONSUMER.MSG.NEXT." + ws + ".*",
+			"$JS.ACK." + ws + ".>",
+		}},
+		Sub: jwt.Permission{Allow: []string{
+			proto.ControlSubject(id),
+			"$SRV.>",
+			RunnerInboxPrefix(id) + ".>",
+		}},
+		Resp: &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
+	}
+}
+
+// CoordinatorCreds mints the coordinator's credentials file.
+func (a *Authority) CoordinatorCreds() ([]byte, error) {
+	return a.user(CoordinatorUser, CoordinatorPermissions())
+}
+
+// RunnerCreds mints the credentials file of runner id.
+func (a *Authority) RunnerCreds(id string) ([]byte, error) {
+	if !proto.ValidToken(id) {
+		return nil, fmt.Errorf("runner id %q must be 1-64 characters of letters, digits, '_' and '-'", id)
+	}
+	return a.user(runnerUserPrefix+id, RunnerPermissions(id))
+}
+
+// user mints a user of the sbx account with a fresh key and returns its credentials file (the
+// user JWT and its seed).
+func (a *Authority) user(name string, perms jwt.Permissions) ([]byte, error) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	uc := jwt.NewUserClaims(publicKey(kp))
+	uc.Name = name
+	uc.Permissions = perms
+	token, err := uc.Encode(a.account)
+	if err != nil {
+		return nil, fmt.Errorf("user jwt: %w", err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, err
+	}
+	return jwt.FormatUserConfig(token, seed)
+}
+
+// RunnerOf returns the runner id a credentials file was minted for ("" for the coordinator's or
+// any other user's).
+func RunnerOf(creds []byte) (string, error) {
+	token, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return "", fmt.Errorf("credentials: %w", err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return "", fmt.Errorf("credentials: %w", err)
+	}
+	id, _ := strings.CutPrefix(uc.Name, runnerUserPrefix)
+	if id == uc.Name {
+		return "", nil
+	}
+	return id, nil
+}
+
+// Split returns the user JWT and seed of a credentials file, for an in-process connection.
+func Split(creds []byte) (token string, seed []byte, err error) {
+	if token, err = jwt.ParseDecoratedJWT(creds); err != nil {
+		return "", nil, fmt.Errorf("credentials: %w", err)
+	}
+	kp, err := jwt.ParseDecoratedUserNKey(creds)
+	if err != nil {
+		return "", nil, fmt.Errorf("credentials: %w", err)
+	}
+	if seed, err = kp.Seed(); err != nil {
+		return "", nil, err
+	}
+	return token, seed, nil
+}

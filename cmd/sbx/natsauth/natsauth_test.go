@@ -1,0 +1,329 @@
+package natsauth
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// startServer runs a NATS server in operator mode for a fresh authority.
+func startServer(t *testing.T) (*server.Server, *Authority, string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "auth")
+	a, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true}
+	if err := a.Configure(opts); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats did not start")
+	}
+	return ns, a, dir
+}
+
+// connectAs connects with creds, collecting the permission errors the server reports.
+func connectAs(t *testing.T, url string, creds []byte, opts ...nats.Option) (*nats.Conn, <-chan error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "user.creds")
+	if err := WriteSecret(path, creds); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 64)
+	opts = append(opts, nats.UserCredentials(path), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}))
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc, errs
+}
+
+// wantViolation waits for a permissions violation naming subject.
+func wantViolation(t *testing.T, errs <-chan error, subject string) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-errs:
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), subject) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no permissions violation for %s", subject)
+		}
+	}
+}
+
+func TestFilesArePrivateAndReused(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "auth")
+	a, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("dir mode %v (%v), want 0700", fi.Mode().Perm(), err)
+	}
+	for _, f := range []string{OperatorSeedFile, AccountSeedFile, SystemSeedFile} {
+		fi, err := os.Stat(filepath.Join(dir, f))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s mode %v (%v), want 0600", f, fi.Mode().Perm(), err)
+		}
+	}
+	again, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if publicKey(again.account) != publicKey(a.account) || publicKey(again.operator) != publicKey(a.operator) {
+		t.Fatal("a second Open made new keys")
+	}
+	if err := os.Chmod(filepath.Join(dir, AccountSeedFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadAccount(dir); err == nil || !strings.Contains(err.Error(), "0644") {
+		t.Fatalf("a world-readable account key was loaded: %v", err)
+	}
+	if _, err := LoadAccount(t.TempDir()); !errors.Is(err, ErrNoAuthority) {
+		t.Fatalf("LoadAccount of an empty dir: %v", err)
+	}
+}
+
+func TestAnonymousRefused(t *testing.T) {
+	ns, _, _ := startServer(t)
+	if nc, err := nats.Connect(ns.ClientURL()); err == nil {
+		nc.Close()
+		t.Fatal("an anonymous client connected")
+	}
+	// Creds of another authority are refused too.
+	other, err := Open(filepath.Join(t.TempDir(), "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := other.CoordinatorCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "c.creds")
+	if err := WriteSecret(path, creds); err != nil {
+		t.Fatal(err)
+	}
+	if nc, err := nats.Connect(ns.ClientURL(), nats.UserCredentials(path)); err == nil {
+		nc.Close()
+		t.Fatal("a client of another operator connected")
+	}
+}
+
+// TestRunnerPermissions: a runner's user can do what a runner does and nothing of what an attacker
+// holding its creds would want: publish work, read work or events, speak for another runner, or
+// delete streams and consumers.
+func TestRunnerPermissions(t *testing.T) {
+	ns, a, _ := startServer(t)
+	ctx := t.Context()
+	ccreds, err := a.CoordinatorCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	coord, _ := connectAs(t, ns.ClientURL(), ccreds)
+	cjs, err := jetstream.New(coord)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: proto.WorkStream, Subjects: []string{proto.WorkSubjects}, Retention: jetstream.WorkQueuePolicy},
+		{Name: proto.EventStream, Subjects: []string{proto.EventSubjects}, Retention: jetstream.WorkQueuePolicy},
+	} {
+		if _, err := cjs.CreateStream(ctx, sc); err != nil {
+			t.Fatalf("the coordinator cannot create %s: %v", sc.Name, err)
+		}
+	}
+	work := proto.WorkConsumer("default", proto.CapPlain)
+	if _, err := cjs.CreateConsumer(ctx, proto.WorkStream, jetstream.ConsumerConfig{
+		Durable: work, FilterSubject: proto.WorkSubject("default", proto.CapPlain), AckPolicy: jetstream.AckExplicitPolicy,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cjs.Publish(ctx, proto.WorkSubject("default", proto.CapPlain), []byte("job")); err != nil {
+		t.Fatalf("the coordinator cannot queue work: %v", err)
+	}
+	heard := make(chan string, 16)
+	if _, err := coord.Subscribe(proto.HeartbeatSubjects, func(m *nats.Msg) { heard <- m.Subject }); err != nil {
+		t.Fatal(err)
+	}
+	if err := coord.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	rcreds, err := a.RunnerCreds("r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, err := RunnerOf(rcreds); err != nil || id != "r1" {
+		t.Fatalf("RunnerOf = %q, %v", id, err)
+	}
+	if id, err := RunnerOf(ccreds); err != nil || id != "" {
+		t.Fatalf("RunnerOf(coordinator) = %q, %v", id, err)
+	}
+	rc, errs := connectAs(t, ns.ClientURL(), rcreds, nats.CustomInboxPrefix(RunnerInboxPrefix("r1")))
+	rjs, err := jetstream.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// What a runner does.
+	cons, err := rjs.Consumer(ctx, proto.WorkStream, work)
+	if err != nil {
+		t.Fatalf("the runner cannot bind to its work consumer: %v", err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil || string(msg.Data()) != "job" {
+		t.Fatalf("the runner cannot pull work: %v", err)
+	}
+	if err := msg.DoubleAck(ctx); err != nil {
+		t.Fatalf("the runner cannot ack work: %v", err)
+	}
+	if _, err := rjs.Publish(ctx, proto.StateSubject("r1", "j1"), []byte("{}")); err != nil {
+		t.Fatalf("the runner cannot publish its events: %v", err)
+	}
+	if err := rc.Publish(proto.HeartbeatSubject("r1"), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-heard:
+		if s != proto.HeartbeatSubject("r1") {
+			t.Fatalf("heard %s", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the runner's heartbeat did not arrive")
+	}
+
+	// It answers control requests and micro discovery: replies to requests it got are allowed.
+	svc, err := micro.AddService(rc, micro.Config{Name: proto.ServiceName, Version: "1.0.0", Endpoint: &micro.EndpointConfig{
+		Subject: proto.ControlSubject("r1"), Handler: micro.HandlerFunc(func(req micro.Request) { _ = req.Respond([]byte("ok")) }),
+	}})
+	if err != nil {
+		t.Fatalf("the runner cannot register its service: %v", err)
+	}
+	defer svc.Stop()
+	if m, err := coord.Request(proto.ControlSubject("r1"), []byte("ping"), 5*time.Second); err != nil || string(m.Data) != "ok" {
+		t.Fatalf("control request: %v", err)
+	}
+	if _, err := coord.Request("$SRV.PING."+proto.ServiceName, nil, 5*time.Second); err != nil {
+		t.Fatalf("micro ping: %v", err)
+	}
+
+	// What it must not do.
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		t.Cleanup(cancel)
+		return c
+	}
+	if _, err := rjs.Publish(short(), proto.WorkSubject("default", proto.CapPlain), []byte("rm -rf /")); err == nil {
+		t.Fatal("the runner queued work")
+	}
+	wantViolation(t, errs, proto.WorkSubject("default", proto.CapPlain))
+	if _, err := rjs.Publish(short(), proto.StateSubject("r2", "j1"), []byte("{}")); err == nil {
+		t.Fatal("the runner published another runner's event")
+	}
+	wantViolation(t, errs, proto.StateSubject("r2", "j1"))
+	if err := rc.Publish(proto.HeartbeatSubject("r2"), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	wantViolation(t, errs, proto.HeartbeatSubject("r2"))
+	for _, subject := range []string{proto.WorkSubjects, proto.EventSubjects, proto.ControlSubject("r2"), "_INBOX.>", RunnerInboxPrefix("r2") + ".>"} {
+		if _, err := rc.SubscribeSync(subject); err != nil {
+			t.Fatal(err)
+		}
+		wantViolation(t, errs, subject)
+	}
+	if err := rjs.DeleteConsumer(short(), proto.WorkStream, work); err == nil {
+		t.Fatal("the runner deleted the work consumer")
+	}
+	if err := rjs.DeleteStream(short(), proto.EventStream); err == nil {
+		t.Fatal("the runner deleted the event stream")
+	}
+	if _, err := rjs.CreateOrUpdateConsumer(short(), proto.WorkStream, jetstream.ConsumerConfig{Durable: "mine", FilterSubject: proto.WorkSubjects}); err == nil {
+		t.Fatal("the runner created a consumer")
+	}
+	if _, err := cjs.Consumer(ctx, proto.WorkStream, work); err != nil {
+		t.Fatalf("the work consumer is gone: %v", err)
+	}
+	if _, err := cjs.Stream(ctx, proto.EventStream); err != nil {
+		t.Fatalf("the event stream is gone: %v", err)
+	}
+}
+
+// TestServerConfig: the include `sbx auth init` writes starts a server in operator mode that takes
+// the authority's users and refuses anonymous ones.
+func TestServerConfig(t *testing.T) {
+	dir := t.TempDir()
+	a, err := Open(filepath.Join(dir, "auth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := a.ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteSecret(filepath.Join(dir, ServerConfigFile), conf); err != nil {
+		t.Fatal(err)
+	}
+	main := "listen: 127.0.0.1:-1\njetstream { store_dir: " + filepath.Join(dir, "js") + " }\ninclude " + ServerConfigFile + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(main), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoSigs = true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats did not start")
+	}
+	if nc, err := nats.Connect(ns.ClientURL()); err == nil {
+		nc.Close()
+		t.Fatal("an anonymous client connected")
+	}
+	creds, err := a.CoordinatorCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := connectAs(t, ns.ClientURL(), creds)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: proto.EventStream, Subjects: []string{proto.EventSubjects}}); err != nil {
+		t.Fatalf("JetStream is not enabled for the sbx account: %v", err)
+	}
+}
