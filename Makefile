@@ -33,7 +33,7 @@ images: deps
 # fleet starts NATS, a coordinator and three runners (docker-compose.yml, docs/fleet.md).
 fleet: images
 	$(COMPOSE) up -d --scale runner=3
-	@echo 'export SBX_TOKEN=$$($(COMPOSE) exec -T coordinator cat /run/sbx-token/token)'
+	@echo 'export SBX_TOKEN=$$($(COMPOSE) exec -T coordinator cat /run/sbx/token)'
 
 vet:
 	$(GO) vet ./...
