@@ -139,11 +139,11 @@ func (f *fleet) runnerContainer(runner string) string {
 }
 
 // client returns a client of the coordinator at its published port (which a restart may change) with
-// the token the token service generated.
+// the token the init service generated.
 func (f *fleet) client() *client.Client {
 	f.t.Helper()
 	port := strings.TrimSpace(f.must("port", "coordinator", "7070"))
-	token := strings.TrimSpace(f.must("exec", "-T", "coordinator", "cat", "/run/sbx-token/token"))
+	token := strings.TrimSpace(f.must("exec", "-T", "coordinator", "cat", "/run/sbx/token"))
 	if port == "" || token == "" {
 		f.t.Fatalf("coordinator port %q, token %q", port, token)
 	}
@@ -500,7 +500,8 @@ func TestComposeFleet(t *testing.T) {
 
 	t.Run("disconnect-runner", func(t *testing.T) {
 		tg := tags("cut", 4)
-		ids := startJobs(t, ctx, c, "disconnect-runner", tg, 40*time.Second, 10)
+		// The jobs outlive the whole case (90 s): one still running at the end was not fenced.
+		ids := startJobs(t, ctx, c, "disconnect-runner", tg, 90*time.Second, 10)
 		var victim string
 		for i, id := range ids {
 			j := pollJob(t, ctx, c, id, 30*time.Second, jobRunning)
@@ -558,6 +559,11 @@ func TestComposeFleet(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 		for _, id := range ids {
+			if j, err := c.Job(ctx, id); err == nil && !j.Ended() {
+				if _, err := c.Kill(ctx, id, ""); err != nil {
+					t.Errorf("kill %s: %v", id, err)
+				}
+			}
 			pollJob(t, ctx, c, id, time.Minute, jobEnded)
 		}
 		finishedOnce(t, ctx, c, "disconnect-runner", ids)
