@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -204,6 +205,22 @@ func startJobs(t *testing.T, ctx context.Context, c *client.Client, session stri
 		ids = append(ids, r.Job.ID)
 	}
 	return ids
+}
+
+// startAfterOutage starts one workload job, retrying while the coordinator answers unavailable (NATS
+// is not back yet): a refused start never runs, so retrying it is safe, and it is what a client does.
+func startAfterOutage(t *testing.T, ctx context.Context, c *client.Client, session, tag string) string {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		r, err := c.Start(ctx, client.StartRequest{Command: workload(tag, 0, 10), Cwd: "/workspace", Session: session, Title: tag})
+		var ce *client.Error
+		switch {
+		case err == nil:
+			return r.Job.ID
+		case !errors.As(err, &ce) || ce.Code != "unavailable" || time.Now().After(deadline):
+			t.Fatalf("start %s: %v", tag, err)
+		}
+	}
 }
 
 // pollJob polls a job until cond holds or the deadline passes.
@@ -434,7 +451,7 @@ func TestComposeFleet(t *testing.T) {
 			}
 			checkOutput(t, ctx, c, id, n)
 		}
-		after := startJobs(t, ctx, c, "restart-nats", []string{"nats-after"}, 0, 10)
+		after := []string{startAfterOutage(t, ctx, c, "restart-nats", "nats-after")}
 		pollJob(t, ctx, c, after[0], time.Minute, jobEnded)
 		checkOutput(t, ctx, c, after[0], 10)
 		finishedOnce(t, ctx, c, "restart-nats", append(ids, after...))
@@ -452,7 +469,7 @@ func TestComposeFleet(t *testing.T) {
 		}
 		t.Logf("start with NATS down: %v", err)
 		// Once NATS is back and a later job has run, a buffered publish of the refused start would have.
-		after := startJobs(t, ctx, c, "refused-start", []string{"refused-after"}, 0, 1)
+		after := []string{startAfterOutage(t, ctx, c, "refused-start", "refused-after")}
 		pollJob(t, ctx, c, after[0], time.Minute, jobEnded)
 		time.Sleep(2 * time.Second)
 		startedOnce(t, f.startLog(), []string{"refused-after"})
