@@ -30,6 +30,7 @@ type fleet struct {
 	env     []string
 	project string
 	image   string // the sbx image of this checkout
+	addr    string // the coordinator's published address, as of the last client()
 }
 
 // composeCLI returns the compose command that works here (the docker plugin first), or nil.
@@ -148,7 +149,8 @@ func (f *fleet) client() *client.Client {
 	if port == "" || token == "" {
 		f.t.Fatalf("coordinator port %q, token %q", port, token)
 	}
-	return client.New("http://"+port, token)
+	f.addr = "http://" + port
+	return client.New(f.addr, token)
 }
 
 // runners waits until the coordinator hears from n runners and returns them by pool.
@@ -403,6 +405,28 @@ func TestComposeFleet(t *testing.T) {
 		}
 		if len(on) != 3 {
 			t.Errorf("readonly jobs ran on %d runners, want 3: %v", len(on), on)
+		}
+	})
+
+	t.Run("auth", func(t *testing.T) {
+		// NATS refuses a client without creds, even inside the compose network.
+		out, _ := exec.Command("docker", "run", "--rm", "--network", f.project+"_default", "--entrypoint", "bash", f.image, "-c",
+			`exec 3<>/dev/tcp/nats/4222; printf 'CONNECT {"verbose":false}\r\nPING\r\n' >&3; timeout 3 cat <&3`).CombinedOutput()
+		if !strings.Contains(string(out), "Authorization Violation") || strings.Contains(string(out), "PONG") {
+			t.Errorf("an anonymous NATS client got: %q", out)
+		}
+		// A job runs as sbx-job, which cannot read the enroll key that mints any runner's creds.
+		r, err := c.Start(ctx, client.StartRequest{Command: "id -un; cat /run/sbx-enroll/enroll.key", Cwd: "/workspace",
+			Session: "auth", BlockUntil: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Job.Status != "failed" || !strings.HasPrefix(r.Output, "sbx-job\n") || !strings.Contains(r.Output, "Permission denied") {
+			t.Errorf("a job reading the enroll key: %s, output %q", r.Job.Status, r.Output)
+		}
+		// The API refuses a call without the token.
+		if _, err := client.New(f.addr, "").Runners(ctx); err == nil {
+			t.Error("GET /v1/runners without the token succeeded")
 		}
 	})
 
