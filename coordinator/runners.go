@@ -21,6 +21,8 @@ type Runner struct {
 	LastSeen       time.Time         `json:"last_seen"`
 	Version        string            `json:"version"`
 	Boot           time.Time         `json:"boot"`
+	// Draining: the runner was told to stop; it takes no more work and lets its jobs finish.
+	Draining bool `json:"draining"`
 }
 
 // HandleHeartbeat records a runner's heartbeat. A new boot time means the runner restarted: the jobs
@@ -31,8 +33,9 @@ func (s *Service) HandleHeartbeat(h *proto.Heartbeat) {
 	s.runners[h.Runner] = &Runner{
 		ID: h.Runner, Pool: h.Pool, Slots: h.Slots, Running: h.Running, Readonly: h.Readonly,
 		ReadonlyReason: h.ReadonlyReason, Cgroup: h.Cgroup, Labels: h.Labels, LastSeen: s.cfg.Now(),
-		Version: h.Version, Boot: h.Boot,
+		Version: h.Version, Boot: h.Boot, Draining: h.Draining,
 	}
+	s.killFencedLocked(h.Runner)
 }
 
 // Runners lists the live runners by id.
@@ -60,7 +63,7 @@ func (s *Service) queuedReasonLocked(j *Job) string {
 	}
 	runners, slots, running := 0, 0, 0
 	for _, r := range s.runners {
-		if r.Pool != j.Pool || j.Readonly && !r.Readonly {
+		if r.Pool != j.Pool || j.Readonly && !r.Readonly || r.Draining {
 			continue
 		}
 		runners++

@@ -123,6 +123,8 @@ type Service struct {
 
 	// strays are the kill requests sent to runners in the background (stopStray); Run waits for them.
 	strays sync.WaitGroup
+	// fenced are the jobs marked lost while their runner may still run them (see fence.go).
+	fenced map[string]*fencedJob
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -221,6 +223,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
+		fenced:       map[string]*fencedJob{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
@@ -754,6 +757,15 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 	return nil
 }
 
+// ConfirmStart reports whether the job is queued here and not yet taken: a runner asks before it
+// starts work whose NotAfter passed, since the coordinator may have refused that start.
+func (s *Service) ConfirmStart(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.live[id]
+	return ok && l.job.Status == StatusQueued
+}
+
 // finishLocked stores an ended job's notifications, writes its footer and record and wakes its
 // waiters. s.mu is held.
 //
@@ -947,6 +959,7 @@ func (s *Service) markLost(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
+	s.expireFencesLocked(now)
 	for id, r := range s.runners {
 		if now.Sub(r.LastSeen) > s.cfg.RunnerDeadline {
 			s.cfg.Logger.Warn("runner gone", "runner", id, "last_seen", r.LastSeen)
@@ -975,5 +988,6 @@ func (s *Service) markLost(ctx context.Context) {
 		if err := s.finishLocked(ctx, l); err != nil {
 			s.cfg.Logger.Error("mark job lost", "job", j.ID, "err", err)
 		}
+		s.fenceLocked(j.Runner, j.ID, now)
 	}
 }

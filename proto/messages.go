@@ -111,6 +111,17 @@ type Work struct {
 	// Source, instead of Command, makes the job's output the messages of a WebSocket the runner
 	// reads; the job runs no process.
 	Source *Source `json:"source,omitempty"`
+	// NotAfter (Unix milliseconds) is when the coordinator stops waiting for the stream to confirm
+	// that it queued this work: a publish that is not confirmed by then is refused to the caller.
+	// A runner that takes the work later starts it only once the coordinator confirms the job on
+	// ConfirmSubject, so that work stored by a publish the coordinator gave up on never runs. 0: no
+	// bound.
+	NotAfter int64 `json:"not_after,omitempty"`
+}
+
+// Expired reports whether the work was taken after its NotAfter, by the clock of the runner.
+func (w *Work) Expired(now time.Time) bool {
+	return w.NotAfter > 0 && now.UnixMilli() > w.NotAfter
 }
 
 // Source is where a job's output comes from when it runs no command.
@@ -176,6 +187,9 @@ func (w *Work) Validate() error {
 	}
 	if w.Shell != "" && w.Shell != ShellSh && w.Shell != ShellBash {
 		return invalid("shell %q is not sh or bash", w.Shell)
+	}
+	if w.NotAfter < 0 {
+		return invalid("not_after %d is negative", w.NotAfter)
 	}
 	return w.Limits.Validate()
 }
@@ -291,6 +305,8 @@ type Event struct {
 var reasons = map[string]bool{
 	ReasonExit: true, ReasonSignal: true, ReasonKilled: true, ReasonTimeout: true, ReasonOOM: true,
 	ReasonOutputLimit: true, ReasonStartFailed: true,
+	// A runner that could not reach NATS for its deadline kills its jobs as lost (self-fencing).
+	ReasonLost: true,
 }
 
 // Validate checks an Event for its kind.
@@ -431,6 +447,9 @@ const (
 	OpPing   = "ping"
 	// OpStdin writes Data to the job's standard input, then closes it when Close is set.
 	OpStdin = "stdin"
+	// OpConfirm asks the coordinator, on ConfirmSubject, whether the job of an expired Work message
+	// is still to start: ReplyOK when it is queued there, ReplyUnknownJob when it was refused or ended.
+	OpConfirm = "confirm"
 )
 
 // MaxStdinBytes bounds the input one OpStdin request carries.
@@ -459,7 +478,7 @@ func (c *Control) Validate() error {
 	switch c.Op {
 	case OpPing:
 		return nil
-	case OpKill:
+	case OpKill, OpConfirm:
 	case OpStdin:
 		if len(c.Data) > MaxStdinBytes {
 			return invalid("stdin data of %d bytes, at most %d", len(c.Data), MaxStdinBytes)
@@ -535,6 +554,8 @@ type Heartbeat struct {
 	Cgroup         string            `json:"cgroup"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	Version        string            `json:"version"`
+	// Draining: the runner was asked to stop; it takes no more work and lets its jobs finish.
+	Draining bool `json:"draining,omitempty"`
 	// Boot is when this runner process started: a new Boot means every job of the old one is lost.
 	Boot time.Time `json:"boot"`
 	Time time.Time `json:"time"`

@@ -34,6 +34,21 @@ func TestWorkRoundTrip(t *testing.T) {
 	}
 }
 
+// TestWorkExpired: work expires only once NotAfter has passed, and never without one.
+func TestWorkExpired(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	for _, tt := range []struct {
+		notAfter int64
+		want     bool
+	}{{0, false}, {1_000_001, false}, {1_000_000, false}, {999_999, true}} {
+		w := validWork()
+		w.NotAfter = tt.notAfter
+		if got := w.Expired(now); got != tt.want {
+			t.Errorf("not_after %d at %d: expired %v, want %v", tt.notAfter, now.UnixMilli(), got, tt.want)
+		}
+	}
+}
+
 func TestDecodeWorkRejects(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -57,6 +72,7 @@ func TestDecodeWorkRejects(t *testing.T) {
 		{"user with colon", func(w *Work) { w.User = "a:b" }, "user"},
 		{"user starting with -", func(w *Work) { w.User = "-r" }, "user"},
 		{"long user", func(w *Work) { w.User = strings.Repeat("u", MaxUserBytes+1) }, "user"},
+		{"negative not_after", func(w *Work) { w.NotAfter = -1 }, "not_after"},
 		{"command and source", func(w *Work) { w.Source = &Source{WS: "ws://h/x"} }, "not both"},
 		{"http source", func(w *Work) { w.Command, w.Source = "", &Source{WS: "http://h/x"} }, "source.ws"},
 		{"source without host", func(w *Work) { w.Command, w.Source = "", &Source{WS: "ws:///x"} }, "source.ws"},
@@ -95,7 +111,8 @@ func TestEventValidate(t *testing.T) {
 		{"exited without code", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonExit}, false},
 		{"killed before start", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonKilled}, true},
 		{"start failed", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonStartFailed, Error: "no cwd"}, true},
-		{"lost is not a runner's", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, ExitCode: &code, Reason: ReasonLost}, false},
+		{"lost by a self-fencing runner", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, ExitCode: &code, Reason: ReasonLost}, true},
+		{"session_ended is not a runner's", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Reason: ReasonSessionEnded}, false},
 		{"unknown kind", Event{V: 1, Kind: "x", JobID: "j", Runner: "r", Claim: testClaim, Time: now}, false},
 		{"no time", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Claim: testClaim}, false},
 		{"no claim", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Time: now}, false},
@@ -151,7 +168,8 @@ func TestChunkRoundTrip(t *testing.T) {
 
 func TestControlValidate(t *testing.T) {
 	for _, c := range []Control{{V: 1, Op: OpKill, JobID: "j"}, {V: 1, Op: OpSignal, JobID: "j", Signal: "INT"}, {V: 1, Op: OpPing},
-		{V: 1, Op: OpStdin, JobID: "j", Data: []byte("y\n\x00\xff")}, {V: 1, Op: OpStdin, JobID: "j", Close: true}} {
+		{V: 1, Op: OpStdin, JobID: "j", Data: []byte("y\n\x00\xff")}, {V: 1, Op: OpStdin, JobID: "j", Close: true},
+		{V: 1, Op: OpConfirm, JobID: "j"}} {
 		got, err := DecodeControl(Encode(&c))
 		if err != nil {
 			t.Errorf("%+v: %v", c, err)
@@ -160,7 +178,7 @@ func TestControlValidate(t *testing.T) {
 		}
 	}
 	for _, c := range []Control{{V: 1, Op: OpKill}, {V: 1, Op: OpSignal, JobID: "j", Signal: "SEGV"}, {V: 1, Op: "reboot", JobID: "j"},
-		{V: 1, Op: OpStdin, JobID: "j", Data: make([]byte, MaxStdinBytes+1)}, {V: 1, Op: OpStdin, Data: []byte("x")}} {
+		{V: 1, Op: OpStdin, JobID: "j", Data: make([]byte, MaxStdinBytes+1)}, {V: 1, Op: OpStdin, Data: []byte("x")}, {V: 1, Op: OpConfirm}} {
 		if _, err := DecodeControl(Encode(&c)); err == nil {
 			t.Errorf("%+v accepted", c)
 		}

@@ -63,6 +63,10 @@ func ControlSubject(runnerID string) string {
 	return "sbx.v1.control." + runnerID
 }
 
+// ConfirmSubject is where a runner asks the coordinator whether to start an expired Work message
+// (Control with OpConfirm): sbx.v1.confirm
+const ConfirmSubject = "sbx.v1.confirm"
+
 // WorkConsumer is the durable pull consumer shared by every runner of a pool for one capability:
 // work_<pool>_<capability>. A work-queue stream refuses overlapping consumers, so runners share it.
 func WorkConsumer(pool, capability string) string {

@@ -39,10 +39,12 @@ type job struct {
 	inClosed bool
 }
 
-// stop ends the job for a reason; the first reason given is the one reported.
-func (j *job) stop(reason, why string) {
+// stop ends the job for a reason; the first reason given is the one reported. It reports whether
+// this call gave the reason.
+func (j *job) stop(reason, why string) bool {
 	j.mu.Lock()
-	if j.reason == "" {
+	first := j.reason == ""
+	if first {
 		j.reason, j.why = reason, why
 	}
 	p := j.proc
@@ -50,6 +52,7 @@ func (j *job) stop(reason, why string) {
 	if p != nil {
 		_ = p.Kill() // an error means the process is already gone
 	}
+	return first
 }
 
 // signal sends a signal to the job's process group.
@@ -73,6 +76,19 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log := r.cfg.Logger.With("job", w.JobID)
+	if w.Expired(time.Now()) {
+		ok, err := r.confirm(ctx, w.JobID)
+		if err != nil {
+			log.Warn("work is past its not_after and the coordinator did not confirm it; keeping it queued", "err", err)
+			_ = msg.NakWithDelay(confirmRetry)
+			return
+		}
+		if !ok {
+			log.Info("dropping work whose start the coordinator refused")
+			_ = msg.Term()
+			return
+		}
+	}
 	j := &job{id: w.JobID, claim: w.Claim}
 	r.mu.Lock()
 	r.jobs[j.id] = j
@@ -149,6 +165,31 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		OutputBytes: written,
 		Usage:       &proto.Usage{CPUMS: res.CPU.Milliseconds(), MemoryPeakBytes: res.MemoryPeak},
 	})
+}
+
+// confirmRetry is how long work that could not be confirmed waits before it is delivered again.
+const confirmRetry = 2 * time.Second
+
+// confirm asks the coordinator whether the job of expired work is still to start (proto.Work.NotAfter).
+// It reports an error when the coordinator does not answer: the work then stays queued.
+func (r *Runner) confirm(ctx context.Context, id string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := r.nc.RequestWithContext(ctx, proto.ConfirmSubject, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}))
+	if err != nil {
+		return false, fmt.Errorf("confirm %s: %w", id, err)
+	}
+	reply, err := proto.DecodeControlReply(m.Data)
+	if err != nil {
+		return false, err
+	}
+	switch reply.Code {
+	case proto.ReplyOK:
+		return true, nil
+	case proto.ReplyUnknownJob:
+		return false, nil
+	}
+	return false, fmt.Errorf("confirm %s: %s: %s", id, reply.Code, reply.Message)
 }
 
 // start starts the job's shell in its cgroup, or opens its source. A readonly job runs in the readonly sandbox or not at

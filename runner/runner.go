@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -60,6 +61,15 @@ type Config struct {
 	Secrets []string
 	// HeartbeatInterval is the time between heartbeats (2 s).
 	HeartbeatInterval time.Duration
+	// DrainTimeout, when positive, makes the end of Run's context a drain: the runner takes no more
+	// work, says draining in its heartbeats, and lets its jobs run up to DrainTimeout before it
+	// kills those left (reason killed). Zero: it kills its jobs at once.
+	DrainTimeout time.Duration
+	// FenceAfter is how long the runner may go without reaching NATS (a heartbeat that the server
+	// acknowledged) before it kills its jobs as lost (15 s, the coordinator's default runner
+	// deadline, after which the coordinator marks them lost): a job the coordinator gave up on
+	// must not run on unseen. Negative: never.
+	FenceAfter time.Duration
 	// Coalesce is how long output is gathered into one chunk after its first byte (2 ms).
 	Coalesce time.Duration
 	// PublishWindow is the number of output chunks in flight before the runner waits for acks (64).
@@ -134,6 +144,9 @@ func (c *Config) setDefaults() error {
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = 2 * time.Second
 	}
+	if c.FenceAfter == 0 {
+		c.FenceAfter = 15 * time.Second
+	}
 	if c.Coalesce == 0 {
 		c.Coalesce = 2 * time.Millisecond
 	}
@@ -163,6 +176,8 @@ type Runner struct {
 
 	slots chan struct{} // one token per running (or being started) job, or per take loop pulling
 	wg    sync.WaitGroup
+	// draining is set once Run's context ended with a DrainTimeout: heartbeats say so.
+	draining atomic.Bool
 
 	mu   sync.Mutex
 	jobs map[string]*job
@@ -196,7 +211,8 @@ func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 func (r *Runner) ID() string { return r.cfg.ID }
 
 // Run sweeps the cgroups of an earlier life, registers the control service, heartbeats and runs work
-// until ctx ends; then it kills its jobs, reports their ends and returns.
+// until ctx ends; then it drains (see DrainTimeout), kills its jobs, reports their ends and returns.
+// Heartbeats, control requests and the jobs' events go on until the jobs are over.
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.mgr.Close() // its warm init steps; the jobs are over when Run returns
 	swept, err := r.mgr.Sweep()
@@ -227,17 +243,19 @@ func (r *Runner) Run(ctx context.Context) error {
 		caps = append(caps, proto.CapReadonly)
 	}
 	// Heartbeats go first: the coordinator creates the work consumers of a pool when it hears of a
-	// runner of that pool, and the runner binds to them.
-	var loops sync.WaitGroup
-	hctx, stopHeartbeat := context.WithCancel(ctx)
-	loops.Add(1)
-	go func() { defer loops.Done(); r.heartbeat(hctx) }()
+	// runner of that pool, and the runner binds to them. They go on through the drain, as the jobs'
+	// events do: jobCtx outlives ctx by the drain.
+	jobCtx, endJobs := context.WithCancel(context.WithoutCancel(ctx))
+	defer endJobs()
+	var beats, takes sync.WaitGroup
+	beats.Add(1)
+	go func() { defer beats.Done(); r.heartbeat(jobCtx) }()
 	var consumers []jetstream.Consumer
 	for _, c := range caps {
 		cons, err := r.consumer(ctx, c)
 		if err != nil {
-			stopHeartbeat()
-			loops.Wait()
+			endJobs()
+			beats.Wait()
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -245,21 +263,49 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		consumers = append(consumers, cons)
 	}
-	loops.Add(len(consumers))
+	takes.Add(len(consumers))
 	for _, cons := range consumers {
-		go func() { defer loops.Done(); r.take(ctx, cons) }()
+		go func() { defer takes.Done(); r.take(ctx, jobCtx, cons) }()
 	}
 	<-ctx.Done()
-	stopHeartbeat()
-	loops.Wait()
-
-	r.mu.Lock()
-	for _, j := range r.jobs {
-		j.stop(proto.ReasonKilled, "the runner is shutting down")
+	takes.Wait()
+	if r.cfg.DrainTimeout > 0 {
+		r.drain()
 	}
-	r.mu.Unlock()
+	r.stopAll(proto.ReasonKilled, "the runner is shutting down")
+	endJobs()
 	r.wg.Wait()
+	beats.Wait()
 	return nil
+}
+
+// drain waits for the jobs to end, up to DrainTimeout, while heartbeats say the runner drains; then
+// it kills those left.
+func (r *Runner) drain() {
+	r.draining.Store(true)
+	r.mu.Lock()
+	n := len(r.jobs)
+	r.mu.Unlock()
+	r.cfg.Logger.Info("draining: no more work is taken", "jobs", n, "timeout", r.cfg.DrainTimeout)
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		r.cfg.Logger.Info("drained: every job ended")
+	case <-time.After(r.cfg.DrainTimeout):
+		r.stopAll(proto.ReasonKilled, fmt.Sprintf("the runner was stopped and the job outlived its drain (%s)", r.cfg.DrainTimeout))
+		r.cfg.Logger.Warn("drain timed out: killed the jobs left")
+		<-done
+	}
+}
+
+// stopAll stops every job of the runner for a reason.
+func (r *Runner) stopAll(reason, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, j := range r.jobs {
+		j.stop(reason, why)
+	}
 }
 
 // consumer binds to the pool's shared work consumer for a capability, waiting for the coordinator to
@@ -287,7 +333,8 @@ func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Con
 // pullExpiry bounds one pull for work; a pull that expires empty is made again.
 const pullExpiry = 30 * time.Second
 
-// take pulls one message at a time, only while a slot is free, and starts a job for each.
+// take pulls one message at a time, only while a slot is free, and starts a job for each, until ctx
+// ends; the jobs run under jobCtx, which outlives ctx by the drain.
 //
 // The take loops (one per capability: plain, and readonly when the probe passed) share r.slots. A loop
 // does not hold a slot while it pulls: an idle loop (no readonly work queued) would then keep a slot
@@ -296,7 +343,7 @@ const pullExpiry = 30 * time.Second
 // message is Nak'd before it is announced, acked or started, and JetStream hands it to the next pull,
 // of this runner or another. So jobs never outnumber slots, a free slot never idles while either
 // subject has work, and each pull that raced bounces at most one message.
-func (r *Runner) take(ctx context.Context, cons jetstream.Consumer) {
+func (r *Runner) take(ctx, jobCtx context.Context, cons jetstream.Consumer) {
 	for {
 		// Wait for a free slot without keeping it.
 		select {
@@ -335,16 +382,23 @@ func (r *Runner) take(ctx context.Context, cons jetstream.Consumer) {
 		go func() {
 			defer r.wg.Done()
 			defer func() { <-r.slots }()
-			r.run(ctx, msg)
+			r.run(jobCtx, msg)
 		}()
 	}
 }
 
-// heartbeat announces the runner until ctx ends.
+// heartbeat announces the runner until ctx ends, and fences the runner's jobs when it has not reached
+// NATS for FenceAfter. A heartbeat counts as reaching NATS once the server answered the flush that
+// follows it. The check comes before each heartbeat, so a runner that was stopped (SIGSTOP, a frozen
+// VM) past the deadline kills its jobs on waking, before its first heartbeat says it is back.
 func (r *Runner) heartbeat(ctx context.Context) {
 	t := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer t.Stop()
+	reached := time.Now()
 	for {
+		if r.cfg.FenceAfter > 0 && time.Since(reached) > r.cfg.FenceAfter {
+			r.fence(time.Since(reached))
+		}
 		r.mu.Lock()
 		running := len(r.jobs)
 		r.mu.Unlock()
@@ -352,15 +406,38 @@ func (r *Runner) heartbeat(ctx context.Context) {
 			V: proto.Version, Runner: r.cfg.ID, Pool: r.cfg.Pool, Slots: r.cfg.Slots, Running: min(running, r.cfg.Slots),
 			Readonly: r.readonly.ok, ReadonlyReason: r.readonly.reason,
 			Cgroup: r.mgr.Describe(), Labels: r.cfg.Labels, Version: r.cfg.Version, Boot: r.boot, Time: time.Now(),
+			Draining: r.draining.Load(),
 		}
-		if err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb)); err != nil {
+		err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb))
+		if err == nil {
+			err = r.nc.FlushTimeout(r.cfg.HeartbeatInterval)
+		}
+		if err != nil {
 			r.cfg.Logger.Warn("heartbeat", "err", err)
+		} else {
+			reached = time.Now()
 		}
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			return
 		}
+	}
+}
+
+// fence kills every job of the runner as lost: it has not reached NATS for silent, past FenceAfter,
+// so the coordinator has given them up. Their ends are reported once NATS is back.
+func (r *Runner) fence(silent time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, j := range r.jobs {
+		if j.stop(proto.ReasonLost, fmt.Sprintf("runner %s could not reach NATS for %s (deadline %s) and killed its jobs", r.cfg.ID, silent.Round(time.Second), r.cfg.FenceAfter)) {
+			n++
+		}
+	}
+	if n > 0 {
+		r.cfg.Logger.Error("cut off from NATS past the deadline: killed the jobs", "jobs", n, "silent", silent.Round(time.Millisecond))
 	}
 }
 

@@ -69,6 +69,7 @@ type coordinatorFlags struct {
 	allowHosts              stringList
 	insecureNoToken         bool
 	stallAfter              time.Duration
+	runnerDeadline          time.Duration
 	retainAge               time.Duration
 	retainBytes             string
 	mcpMaxBlock             time.Duration
@@ -83,6 +84,7 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.Var(&c.allowHosts, "allow-host", "a name clients reach the API by, accepted in the Host header besides localhost, 127.0.0.1 and [::1] (repeatable; '*' accepts any and needs --token-file)")
 	fs.BoolVar(&c.insecureNoToken, "insecure-no-token", false, "listen beyond loopback without a token: only for a container whose port is published on the host's loopback alone")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
+	fs.DurationVar(&c.runnerDeadline, "runner-deadline", defaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
@@ -108,6 +110,9 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	retainBytes, err := parseBytes(cf.retainBytes)
 	if err != nil || retainBytes <= 0 {
 		return nil, usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
+	}
+	if cf.runnerDeadline <= 0 {
+		return nil, usageError("--runner-deadline must be positive")
 	}
 	if cf.retainAge <= 0 {
 		return nil, usageError("--retain-age must be positive")
@@ -155,8 +160,25 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 // runnerFlags are the flags serve and runner share.
 type runnerFlags struct {
 	id, pool, cgroupRoot, user, shell string
-	users                             stringList
+	users, labels                     stringList
 	slots                             int
+	deadline, drainTimeout            time.Duration
+	// labelMap is labels, parsed by check.
+	labelMap map[string]string
+}
+
+// check parses what the flags parser leaves as text, so that a mistake stops the process before it
+// connects anywhere.
+func (r *runnerFlags) check() error {
+	if r.deadline <= 0 {
+		return usageError("--runner-deadline must be positive")
+	}
+	if r.drainTimeout < 0 {
+		return usageError("--drain-timeout must not be negative")
+	}
+	var err error
+	r.labelMap, err = parseLabels(r.labels)
+	return err
 }
 
 func (r *runnerFlags) register(fs *flag.FlagSet) {
@@ -167,6 +189,53 @@ func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.shell, "shell", "", "absolute path of the shell jobs run in by default (default: bash when installed, else /bin/sh)")
 	fs.StringVar(&r.user, "user", "", "user jobs run as (default: the runner's own; serve started with sudo: $SUDO_USER)")
 	fs.Var(&r.users, "allow-user", "another user a job may ask for with \"user\" (repeatable; needs --user)")
+	fs.Var(&r.labels, "label", "a KEY=VALUE describing the runner in GET /v1/runners (repeatable); placement is by --pool")
+}
+
+// defaultRunnerDeadline is the coordinator's and the runners' --runner-deadline.
+const defaultRunnerDeadline = 15 * time.Second
+
+// registerRunnerDeadline registers the runner's --runner-deadline; serve shares the coordinator's.
+func (r *runnerFlags) registerRunnerDeadline(fs *flag.FlagSet) {
+	fs.DurationVar(&r.deadline, "runner-deadline", defaultRunnerDeadline, "how long the runner may be cut off from NATS before it kills its jobs as lost (the coordinator's --runner-deadline, after which it marks them lost)")
+}
+
+// maxLabels bounds a runner's labels, which every heartbeat carries.
+const maxLabels = 32
+
+// parseLabels turns --label KEY=VALUE flags into a map. A key is 1–63 characters of letters, digits
+// and "._-/"; a value at most 256 bytes.
+func parseLabels(flags []string) (map[string]string, error) {
+	if len(flags) == 0 {
+		return nil, nil
+	}
+	if len(flags) > maxLabels {
+		return nil, usageError("--label: at most %d labels", maxLabels)
+	}
+	labels := make(map[string]string, len(flags))
+	for _, f := range flags {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok || !validLabelKey(k) || len(v) > 256 {
+			return nil, usageError("--label %q must be KEY=VALUE, KEY 1-63 characters of letters, digits and ._-/, VALUE at most 256 bytes", f)
+		}
+		if _, dup := labels[k]; dup {
+			return nil, usageError("--label %s is given twice", k)
+		}
+		labels[k] = v
+	}
+	return labels, nil
+}
+
+func validLabelKey(k string) bool {
+	if len(k) == 0 || len(k) > 63 {
+		return false
+	}
+	for _, c := range k {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._-/", c)) {
+			return false
+		}
+	}
+	return true
 }
 
 // stringList collects a repeated flag.
@@ -201,6 +270,10 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if rf.user == "" {
 		rf.user = defaultUser(getenv)
+	}
+	rf.deadline = cf.runnerDeadline
+	if err := rf.check(); err != nil {
+		return err
 	}
 	if (*natsCert == "") != (*natsKey == "") {
 		return usageError("--nats-tls-cert and --nats-tls-key go together")
@@ -264,7 +337,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	coordConn, err := connect(log, "sbx-coordinator", "", nats.InProcessServer(ns), coordUser)
+	coordConn, err := connect(log, "sbx-coordinator", "", nats.InProcessServer(ns), coordUser, coordinatorConn())
 	if err != nil {
 		return err
 	}
@@ -347,8 +420,8 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: &enroller{key: key, auth: auth, log: log}}
 		api.cfg.OwnCredential = []string{enrollPath}
 	}
-	nc, err := connect(log, "sbx-coordinator", nf.url, opts...)
-	if err != nil {
+	nc, err := dial(ctx, log, "sbx-coordinator", nf.url, append(opts, coordinatorConn())...)
+	if err != nil || nc == nil {
 		return err
 	}
 	defer nc.Close()
@@ -364,6 +437,8 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	var rf runnerFlags
 	var nf natsFlags
 	rf.register(fs)
+	rf.registerRunnerDeadline(fs)
+	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 0, "on SIGTERM, take no more work and let running jobs finish for up to this long before killing them (0: kill at once)")
 	nf.register(fs)
 	enrollURL := fs.String("enroll", "", "coordinator URL to get this runner's NATS creds from (POST /v1/enroll) when --nats-creds is not given")
 	enrollKeyFile := fs.String("enroll-key-file", "", "file (mode 0600) holding the coordinator's enroll key, for --enroll")
@@ -378,6 +453,9 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	}
 	if *enrollURL != "" && nf.creds != "" {
 		return usageError("--enroll is for a runner without --nats-creds")
+	}
+	if err := rf.check(); err != nil {
+		return err
 	}
 	var err error
 	if rf.id, err = nf.runnerIDFromCreds(rf.id); err != nil {
@@ -413,8 +491,8 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 		return err
 	}
 	log := newLogger(stderr)
-	nc, err := connect(log, "sbx-runner", nf.url, opts...)
-	if err != nil {
+	nc, err := dial(ctx, log, "sbx-runner", nf.url, opts...)
+	if err != nil || nc == nil {
 		return err
 	}
 	defer nc.Close()
@@ -438,26 +516,68 @@ func absPaths(paths ...string) ([]string, error) {
 }
 
 // connect dials NATS with sbx's settings: reconnect forever, notice a dead link within seconds, and
-// make a full reconnect buffer an error the publisher sees.
+// make a full reconnect buffer an error the publisher sees. opts come last and override them.
 func connect(log *slog.Logger, name, url string, opts ...nats.Option) (*nats.Conn, error) {
-	opts = append(opts,
+	opts = append([]nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500*time.Millisecond),
-		nats.PingInterval(2*time.Second),
+		nats.ReconnectWait(500 * time.Millisecond),
+		nats.PingInterval(2 * time.Second),
 		nats.MaxPingsOutstanding(3),
-		nats.ReconnectBufSize(16<<20),
+		nats.ReconnectBufSize(16 << 20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("nats disconnected", "conn", name, "err", err) }),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "conn", name, "url", c.ConnectedUrlRedacted()) }),
 		nats.ClosedHandler(func(*nats.Conn) { log.Info("nats connection closed", "conn", name) }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("nats", "conn", name, "err", err) }),
-	)
+	}, opts...)
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
 	}
 	return nc, nil
 }
+
+// dialRetry is the pause between two attempts to reach NATS at start-up; dialNotice the one between
+// two log lines saying so.
+const (
+	dialRetry  = time.Second
+	dialNotice = 5 * time.Second
+)
+
+// dial connects as connect does, waiting for NATS when it is not up yet (a fleet's parts start in any
+// order): it tries again every dialRetry and says so every dialNotice. A refusal that waiting cannot
+// cure (bad credentials, TLS) is returned at once. When ctx ends first it returns a nil connection
+// and no error: the process was stopped before it started.
+func dial(ctx context.Context, log *slog.Logger, name, url string, opts ...nats.Option) (*nats.Conn, error) {
+	var said time.Time
+	for {
+		nc, err := connect(log, name, url, opts...)
+		if err == nil {
+			if !said.IsZero() {
+				log.Info("nats is up", "conn", name, "url", nc.ConnectedUrlRedacted())
+			}
+			return nc, nil
+		}
+		var netErr net.Error
+		if !errors.Is(err, nats.ErrNoServers) && !errors.Is(err, nats.ErrTimeout) && !errors.As(err, &netErr) {
+			return nil, err
+		}
+		if time.Since(said) >= dialNotice {
+			log.Warn("waiting for NATS", "conn", name, "url", url, "err", err)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(dialRetry):
+		}
+	}
+}
+
+// coordinatorConn is the option of the coordinator's connection: no reconnect buffer. A publish
+// while NATS is unreachable fails at once, so that a start the API refuses (503) is not sent later
+// by the buffer and run behind the caller's back.
+func coordinatorConn() nats.Option { return nats.ReconnectBufSize(-1) }
 
 // serveCoordinator runs the coordinator until ctx ends, serving the API on api; it calls ready once
 // the API is served. Its parts (the HTTP API, the event consumer, the service's loop) are
@@ -478,7 +598,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 		return err
 	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
-		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
+		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
 	}, db, terms, bus)
 	if err != nil {
 		return err
@@ -528,7 +648,7 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []string, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
 		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, Shell: rf.shell,
-		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets,
+		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets, Labels: rf.labelMap, FenceAfter: rf.deadline, DrainTimeout: rf.drainTimeout,
 	})
 	if err != nil {
 		return err

@@ -160,4 +160,5 @@ type Runner struct {
 	Labels         map[string]string `json:"labels"`
 	LastSeen       time.Time         `json:"last_seen"`
 	Version        string            `json:"version"`
+	Draining       bool              `json:"draining"`
 }

@@ -183,6 +183,8 @@ type runnerView struct {
 	Labels         map[string]string `json:"labels"`
 	LastSeen       time.Time         `json:"last_seen"`
 	Version        string            `json:"version"`
+	// Draining: the runner was told to stop; it takes no work and lets its jobs finish.
+	Draining bool `json:"draining"`
 }
 
 func viewRunner(r coordinator.Runner) runnerView {
@@ -193,6 +195,6 @@ func viewRunner(r coordinator.Runner) runnerView {
 	return runnerView{
 		ID: r.ID, Pool: r.Pool, Slots: r.Slots, Running: r.Running, Readonly: r.Readonly,
 		ReadonlyReason: r.ReadonlyReason, Cgroup: r.Cgroup, Labels: labels,
-		LastSeen: r.LastSeen.UTC(), Version: r.Version,
+		LastSeen: r.LastSeen.UTC(), Version: r.Version, Draining: r.Draining,
 	}
 }

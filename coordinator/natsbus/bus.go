@@ -28,6 +28,10 @@ type Config struct {
 	WorkMessages int64
 	// ControlTimeout bounds a control request to a runner (5 s).
 	ControlTimeout time.Duration
+	// PublishTimeout bounds the wait for the work stream to confirm a job was queued (5 s). Past it
+	// the start is refused; the work's NotAfter is the same instant, so a runner that takes it later
+	// asks the coordinator first (proto.ConfirmSubject).
+	PublishTimeout time.Duration
 	// ConsumerHeartbeat is how often the server shows the event consumer is alive while no event
 	// comes (5 s); after two missed ones Consume checks the consumer still exists.
 	ConsumerHeartbeat time.Duration
@@ -49,6 +53,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ControlTimeout == 0 {
 		c.ControlTimeout = 5 * time.Second
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 5 * time.Second
 	}
 	if c.ConsumerHeartbeat == 0 {
 		c.ConsumerHeartbeat = 5 * time.Second
@@ -122,7 +129,15 @@ func (b *Bus) Ready(context.Context) error {
 	return nil
 }
 
-// Dispatch queues work on its pool's subject, de-duplicated by job id.
+// Dispatch queues work on its pool's subject, de-duplicated by job id. It stamps the work's NotAfter
+// with the moment it stops waiting for the stream's confirmation.
+//
+// A start it refuses must never run. A publish that fails before it is sent (the connection is down:
+// the coordinator's connection has no reconnect buffer, so that nothing is sent later) stored
+// nothing. A publish whose outcome is unknown (no ack in time) is settled: the same message is
+// published again, which the stream's de-duplication answers with the first copy's sequence, and that
+// sequence is withdrawn. Withdrawn: the start is refused; already taken by a runner: the job runs and
+// Dispatch succeeds. When even that fails, the work's NotAfter keeps it from starting unconfirmed.
 func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
 	capability := proto.CapPlain
 	if w.Readonly {
@@ -131,11 +146,53 @@ func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
 	if err := b.ensureConsumer(ctx, w.Pool, capability); err != nil {
 		return 0, err
 	}
+	w.NotAfter = time.Now().Add(b.cfg.PublishTimeout).UnixMilli()
 	msg := &nats.Msg{Subject: proto.WorkSubject(w.Pool, capability), Data: proto.Encode(w), Header: nats.Header{}}
 	msg.Header.Set(proto.HeaderVersion, fmt.Sprint(proto.Version))
-	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(w.JobID))
-	if err != nil {
+	pctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
+	ack, err := b.js.PublishMsg(pctx, msg, jetstream.WithMsgID(w.JobID))
+	cancel()
+	if err == nil {
+		return ack.Sequence, nil
+	}
+	if notSent(err) {
 		return 0, fmt.Errorf("queue job %s: %w", w.JobID, err)
+	}
+	seq, serr := b.settle(context.WithoutCancel(ctx), msg, w.JobID)
+	if serr != nil {
+		b.cfg.Logger.Warn("unsettled start: the runner that takes it asks first", "job", w.JobID, "err", serr)
+		return 0, fmt.Errorf("queue job %s: %w", w.JobID, err)
+	}
+	if seq != 0 {
+		b.cfg.Logger.Info("start settled as taken", "job", w.JobID, "publish_err", err)
+		return seq, nil
+	}
+	b.cfg.Logger.Warn("start refused: its work was withdrawn, the stream's ack having come too late", "job", w.JobID, "publish_err", err)
+	return 0, fmt.Errorf("queue job %s (withdrawn): %w", w.JobID, err)
+}
+
+// notSent reports whether a publish error means the message never reached a stream.
+func notSent(err error) bool {
+	return errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionClosed) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrMaxPayload)
+}
+
+// settle finds out what became of a publish whose ack never came, and withdraws the work if it is
+// still queued. It returns the work's sequence when a runner took it, 0 when it was withdrawn.
+func (b *Bus) settle(ctx context.Context, msg *nats.Msg, id string) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
+	defer cancel()
+	ack, err := b.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+	if err != nil {
+		return 0, err
+	}
+	withdrawn, err := b.Withdraw(ctx, ack.Sequence)
+	if err != nil {
+		return 0, err
+	}
+	if withdrawn {
+		return 0, nil
 	}
 	return ack.Sequence, nil
 }

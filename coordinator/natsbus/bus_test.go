@@ -405,3 +405,133 @@ func TestWorkConsumersBounded(t *testing.T) {
 		t.Fatalf("a known consumer is refused: %v", err)
 	}
 }
+
+// TestConfirmStart: the coordinator confirms the start of a job it queued, and refuses one it
+// withdrew; the work it queues carries the moment it stopped waiting for the stream.
+func TestConfirmStart(t *testing.T) {
+	nc := startNATS(t)
+	c := startCoordinator(t, nc, t.TempDir())
+	ctx := t.Context()
+	before := time.Now()
+	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "sleep 1", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	raw, err := c.bus.work.GetMsg(ctx, res.Job.WorkSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := proto.DecodeWork(raw.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lo, hi := before.Add(c.bus.cfg.PublishTimeout).UnixMilli(), time.Now().Add(c.bus.cfg.PublishTimeout).UnixMilli(); w.NotAfter < lo || w.NotAfter > hi {
+		t.Fatalf("not_after %d, want the publish deadline in [%d, %d]", w.NotAfter, lo, hi)
+	}
+	ask := func() string {
+		t.Helper()
+		m, err := nc.Request(proto.ConfirmSubject, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := proto.DecodeControlReply(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Code
+	}
+	if got := ask(); got != proto.ReplyOK {
+		t.Fatalf("queued job: confirmation %s", got)
+	}
+	if err := c.svc.Kill(ctx, id, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := ask(); got != proto.ReplyUnknownJob {
+		t.Fatalf("withdrawn job: confirmation %s", got)
+	}
+}
+
+// crashing applies events as the coordinator does until an exit arrives: then it announces the
+// exit on hit and never applies it, as a coordinator that died mid-apply.
+type crashing struct {
+	*coordinator.Service
+	hit chan struct{}
+}
+
+func (c *crashing) HandleEvent(ctx context.Context, e *proto.Event) error {
+	if e.Kind == proto.EventExited {
+		close(c.hit)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return c.Service.HandleEvent(ctx, e)
+}
+
+// TestCrashRecovery: a job whose exit was being applied when the coordinator died ends within 5 s
+// of the next coordinator's start, not after the event's ack wait (30 s).
+func TestCrashRecovery(t *testing.T) {
+	base := startNATS(t)
+	dir := t.TempDir()
+	ctx := t.Context()
+
+	// The first life runs on a connection of its own, closed to crash it: nothing it had in flight
+	// is acked or nak'd.
+	nc, err := nats.Connect(base.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := store.Open(filepath.Join(dir, "sbx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms, err := store.OpenTerminals(filepath.Join(dir, "terminals"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := New(ctx, nc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := coordinator.New(ctx, coordinator.Config{}, db, terms, bus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lifeCtx, crash := context.WithCancel(ctx)
+	h := &crashing{Service: svc, hit: make(chan struct{})}
+	consumed := make(chan struct{})
+	go func() { defer close(consumed); _ = bus.Consume(lifeCtx, h) }()
+	res, err := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	js, _ := jetstream.New(base)
+	r := &fakeRunner{t: t, js: js, claims: map[string]string{id: claimOf(t, svc, id)}}
+	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
+	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	code := 3
+	r.event(&proto.Event{Kind: proto.EventExited, JobID: id, ExitCode: &code, Reason: proto.ReasonExit})
+	select {
+	case <-h.hit:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exit never reached the first coordinator")
+	}
+	nc.Close()
+	crash()
+	<-consumed
+	terms.Close()
+	db.Close()
+
+	began := time.Now()
+	second := startCoordinator(t, base, dir)
+	w, err := second.svc.Wait(ctx, id, 10*time.Second, nil)
+	took := time.Since(began)
+	if err != nil || !w.Done || w.Job.Status != coordinator.StatusFailed {
+		t.Fatalf("after the crash: %+v, %v", w, err)
+	}
+	t.Logf("the job ended %s after the coordinator restarted", took)
+	if took > 5*time.Second {
+		t.Fatalf("the job ended %s after the restart, want under 5 s", took)
+	}
+}

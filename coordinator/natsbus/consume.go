@@ -21,12 +21,15 @@ type Handler interface {
 	// Forged counts a message of a kind (coordinator.ForgedState...) dropped as forged and returns
 	// coordinator.ErrForged wrapped with why.
 	Forged(kind, why string) error
+	// ConfirmStart reports whether the job is queued and may start (see proto.Work.NotAfter).
+	ConfirmStart(id string) bool
 }
 
 // ErrConsumerGone is returned by Consume when the coordinator's event consumer was deleted under it.
 var ErrConsumerGone = errors.New("natsbus: the event consumer is gone")
 
-// Consume feeds every event of the event stream and every heartbeat to h until ctx ends. An event is
+// Consume feeds every event of the event stream and every heartbeat to h, and answers the runners'
+// start confirmations (proto.ConfirmSubject), until ctx ends. An event is
 // acked only after h stored it; one h cannot place yet is redelivered shortly; one that does not
 // decode, or is forged, is logged and terminated. A heartbeat counts only from the runner its subject
 // names (with NATS auth, the one that published it). Each heartbeat also makes sure the work
@@ -51,7 +54,33 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 		return fmt.Errorf("subscribe heartbeats: %w", err)
 	}
 	defer sub.Unsubscribe()
+	confirm, err := b.nc.Subscribe(proto.ConfirmSubject, func(m *nats.Msg) {
+		reply := &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}
+		c, err := proto.DecodeControl(m.Data)
+		switch {
+		case err != nil:
+			reply.Code, reply.Message = proto.ReplyInvalid, err.Error()
+		case c.Op != proto.OpConfirm:
+			reply.Code, reply.Message = proto.ReplyInvalid, "op "+c.Op+" is not confirm"
+		case !h.ConfirmStart(c.JobID):
+			reply.Code, reply.Message = proto.ReplyUnknownJob, "job "+c.JobID+" is not queued: its start was refused or it ended"
+		}
+		if err := m.Respond(proto.Encode(reply)); err != nil {
+			b.cfg.Logger.Warn("answer start confirmation", "err", err)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe confirmations: %w", err)
+	}
+	defer confirm.Unsubscribe()
 
+	// The deliveries a crashed coordinator left unacked would wait out their AckWait (30 s) before
+	// being delivered again, holding jobs `running` after their exit. There is one coordinator: at its
+	// start nothing else consumes, so the consumer is made anew and delivers at once everything still
+	// in the (work-queue) stream, acked events being gone from it. Applying an event twice is harmless.
+	if err := b.js.DeleteConsumer(ctx, proto.EventStream, proto.EventConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("reset consumer %s: %w", proto.EventConsumer, err)
+	}
 	cons, err := b.js.CreateOrUpdateConsumer(ctx, proto.EventStream, jetstream.ConsumerConfig{
 		Durable:       proto.EventConsumer,
 		FilterSubject: proto.EventSubjects,

@@ -242,11 +242,13 @@ func (a *Authority) ServerConfig() ([]byte, error) {
 }
 
 // CoordinatorPermissions are the coordinator's: sbx's subjects, the JetStream API and acks, its
-// inbox, and the micro discovery subjects.
+// inbox, and the micro discovery subjects; and the answers to the requests it gets (a runner's
+// start confirmation, whose reply goes to the runner's own inbox).
 func CoordinatorPermissions() jwt.Permissions {
 	return jwt.Permissions{
-		Pub: jwt.Permission{Allow: []string{"sbx.v1.>", "$JS.API.>", "$JS.ACK.>", "_INBOX.>", "$SRV.>"}},
-		Sub: jwt.Permission{Allow: []string{"sbx.v1.>", "_INBOX.>", "$SRV.>"}},
+		Pub:  jwt.Permission{Allow: []string{"sbx.v1.>", "$JS.API.>", "$JS.ACK.>", "_INBOX.>", "$SRV.>"}},
+		Sub:  jwt.Permission{Allow: []string{"sbx.v1.>", "_INBOX.>", "$SRV.>"}},
+		Resp: &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
 	}
 }
 
@@ -256,8 +258,9 @@ func RunnerInboxPrefix(id string) string { return "_INBOX_" + id }
 
 // RunnerPermissions hold runner id to its own subjects. It publishes its events (JetStream publishes
 // are plain publishes with a reply to its inbox) and heartbeats, binds to and pulls from the work
-// consumers and acks what it took; it subscribes to its control subject, micro discovery and its
-// inbox, and answers the requests it gets. It cannot publish work, read the work or event subjects,
+// consumers and acks what it took, and asks the coordinator to confirm the start of expired work
+// (proto.ConfirmSubject); it subscribes to its control subject, micro discovery and its inbox, and
+// answers the requests it gets. It cannot publish work, read the work or event subjects,
 // publish another runner's events or heartbeats, or create, change or delete streams and consumers.
 func RunnerPermissions(id string) jwt.Permissions {
 	ws := proto.WorkStream
@@ -265,6 +268,7 @@ func RunnerPermissions(id string) jwt.Permissions {
 		Pub: jwt.Permission{Allow: []string{
 			proto.RunnerEventSubjects(id),
 			proto.HeartbeatSubject(id),
+			proto.ConfirmSubject,
 			"$JS.API.CONSUMER.INFO." + ws + ".*",
 			"$JS.API.CONSUMER.MSG.NEXT." + ws + ".*",
 			"$JS.ACK." + ws + ".>",

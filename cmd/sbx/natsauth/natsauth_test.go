@@ -235,6 +235,18 @@ func TestRunnerPermissions(t *testing.T) {
 	if _, err := coord.Request("$SRV.PING."+proto.ServiceName, nil, 5*time.Second); err != nil {
 		t.Fatalf("micro ping: %v", err)
 	}
+	// It asks the coordinator to confirm the start of expired work, and gets the answer.
+	confirm, err := coord.Subscribe(proto.ConfirmSubject, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer confirm.Unsubscribe()
+	if err := coord.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := rc.Request(proto.ConfirmSubject, []byte("j1"), 5*time.Second); err != nil || string(m.Data) != "ok" {
+		t.Fatalf("confirmation request: %v", err)
+	}
 
 	// What it must not do.
 	short := func() context.Context {

@@ -1,0 +1,639 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// restartableNATS is an embedded JetStream server that a test stops and starts again on the same
+// port and store, as an operator restarts the NATS of a fleet.
+type restartableNATS struct {
+	t     *testing.T
+	port  int
+	store string
+	ns    *server.Server
+}
+
+// newRestartableNATS picks a port for the server and starts it unless it is to come up later.
+func newRestartableNATS(t *testing.T, start bool) *restartableNATS {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	n := &restartableNATS{t: t, port: port, store: t.TempDir()}
+	if start {
+		n.start()
+	}
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *restartableNATS) url() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
+
+func (n *restartableNATS) start() {
+	n.t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: true, StoreDir: n.store, NoSigs: true})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		n.t.Fatal("nats did not start")
+	}
+	n.ns = ns
+}
+
+// msgs is the number of messages the stream holds now.
+func (n *restartableNATS) msgs(stream string) uint64 {
+	n.t.Helper()
+	nc, err := nats.Connect(n.url())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	st, err := js.Stream(n.t.Context(), stream)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return st.CachedInfo().State.Msgs
+}
+
+// lastSeq is the sequence of the last message the stream ever stored.
+func (n *restartableNATS) lastSeq(stream string) uint64 {
+	n.t.Helper()
+	nc, err := nats.Connect(n.url())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	st, err := js.Stream(n.t.Context(), stream)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return st.CachedInfo().State.LastSeq
+}
+
+func (n *restartableNATS) stop() {
+	if n.ns != nil {
+		n.ns.Shutdown()
+		n.ns.WaitForShutdown()
+		n.ns = nil
+	}
+}
+
+// part is one sbx process of a fleet (`sbx coordinator` or `sbx runner`) run in-process.
+type part struct {
+	cancel context.CancelFunc
+	done   chan error
+	out    *lineWriter
+	log    *lineWriter
+}
+
+// startPart runs `sbx ARGS...` until stop or the end of the test.
+func startPart(t *testing.T, args ...string) *part {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &part{cancel: cancel, done: make(chan error, 1), out: &lineWriter{first: make(chan string, 1)}, log: &lineWriter{first: make(chan string, 1)}}
+	go func() { p.done <- run(ctx, args, os.Getenv, p.out, p.log) }()
+	t.Cleanup(func() {
+		if err := p.stop(); err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("sbx %s: %v", args[0], err)
+		}
+	})
+	return p
+}
+
+// stop cancels the part and returns what run returned.
+func (p *part) stop() error {
+	p.cancel()
+	select {
+	case err, ok := <-p.done:
+		if !ok {
+			return nil
+		}
+		close(p.done)
+		return err
+	case <-time.After(30 * time.Second):
+		return errors.New("did not stop within 30 s")
+	}
+}
+
+// logged reports whether the part's log holds s.
+func (p *part) logged(s string) bool {
+	p.log.mu.Lock()
+	defer p.log.mu.Unlock()
+	return strings.Contains(p.log.buf.String(), s)
+}
+
+// startFleetCoordinator runs `sbx coordinator` against natsURL and returns a client of its API.
+func startFleetCoordinator(t *testing.T, natsURL string, extra ...string) (*part, *client.Client) {
+	t.Helper()
+	p := startPart(t, append([]string{"coordinator", "--nats", natsURL, "--listen", "127.0.0.1:0", "--data", t.TempDir()}, extra...)...)
+	select {
+	case line := <-p.out.first:
+		_, rest, _ := strings.Cut(line, "API ")
+		addr, _, _ := strings.Cut(rest, ",")
+		return p, client.New(addr, "")
+	case err := <-p.done:
+		t.Fatalf("coordinator exited: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("coordinator did not start")
+	}
+	return nil, nil
+}
+
+// startFleetRunner runs `sbx runner` with id against natsURL.
+func startFleetRunner(t *testing.T, natsURL, id string, extra ...string) *part {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a runner runs jobs in cgroups: needs root")
+	}
+	return startPart(t, append([]string{"runner", "--nats", natsURL, "--id", id, "--cgroup-root", testCgroupRoot("sbx-fleet-test")}, extra...)...)
+}
+
+// waitRunner waits until the coordinator lists the runner and returns it.
+func waitRunner(t *testing.T, c *client.Client, id string) client.Runner {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rs, err := c.Runners(t.Context())
+		for _, r := range rs {
+			if r.ID == id {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runner %s did not join: %v %+v", id, err, rs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitStatus polls a job until cond holds, failing after timeout.
+func waitStatus(t *testing.T, c *client.Client, id string, timeout time.Duration, cond func(*client.Job) bool) *client.Job {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		j, err := c.Job(t.Context(), id)
+		if err == nil && cond(j) {
+			return j
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: %+v, %v after %s", id, j, err, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func ended(j *client.Job) bool {
+	return j.Status == "succeeded" || j.Status == "failed" || j.Status == "aborted"
+}
+
+// TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back.
+func TestNATSOutage(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	_, c := startFleetCoordinator(t, n.url())
+	startFleetRunner(t, n.url(), "outage")
+	waitRunner(t, c, "outage")
+	dir := t.TempDir()
+
+	n.stop()
+	marker := filepath.Join(dir, "ran")
+	_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + marker, Cwd: dir})
+	var apiErr *client.Error
+	if !errors.As(err, &apiErr) || apiErr.Status != 503 {
+		t.Fatalf("start with NATS down: %v, want a 503", err)
+	}
+	jobs, err := c.Jobs(t.Context(), client.JobsQuery{})
+	if err != nil || len(jobs) != 1 {
+		t.Fatalf("jobs %+v, %v", jobs, err)
+	}
+	n.start()
+	// A job started once the coordinator is back runs: what the refused start left had its chance.
+	var ok *client.StartReply
+	for deadline := time.Now().Add(30 * time.Second); ok == nil; {
+		if ok, err = c.Start(t.Context(), client.StartRequest{Command: "true", Cwd: dir}); err != nil {
+			if time.Now().After(deadline) {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitStatus(t, c, ok.Job.ID, 30*time.Second, ended)
+	time.Sleep(time.Second)
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("the refused command ran (%v)", err)
+	}
+	// Not even queued: the work stream only ever held the second job. (A refused start queued after
+	// all is mostly killed by the coordinator once its runner announces it, but it may have run.)
+	if seq := n.lastSeq(proto.WorkStream); seq != 1 {
+		t.Fatalf("the work stream stored %d messages, want only the second job's", seq)
+	}
+	j, err := c.Job(t.Context(), jobs[0].ID)
+	if err != nil || j.Status == "running" || !ended(j) {
+		t.Fatalf("refused job: %+v, %v", j, err)
+	}
+}
+
+// TestStartBeforeNATS: a runner and a coordinator started before NATS wait for it, saying so, and
+// then run jobs; the coordinator makes its data directory; the runner's labels show in GET /v1/runners.
+func TestStartBeforeNATS(t *testing.T) {
+	n := newRestartableNATS(t, false)
+	r := startFleetRunner(t, n.url(), "early", "--label", "zone=a", "--label", "disk=ssd")
+	data := filepath.Join(t.TempDir(), "not", "yet", "there")
+	coord := startPart(t, "coordinator", "--nats", n.url(), "--listen", "127.0.0.1:0", "--data", data)
+	for deadline := time.Now().Add(10 * time.Second); !r.logged("waiting for NATS") || !coord.logged("waiting for NATS"); {
+		if time.Now().After(deadline) {
+			t.Fatal("runner and coordinator did not say they wait for NATS")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-r.done:
+		t.Fatalf("the runner exited without NATS: %v", err)
+	case err := <-coord.done:
+		t.Fatalf("the coordinator exited without NATS: %v", err)
+	default:
+	}
+	n.start()
+	var c *client.Client
+	select {
+	case line := <-coord.out.first:
+		_, rest, _ := strings.Cut(line, "API ")
+		addr, _, _ := strings.Cut(rest, ",")
+		c = client.New(addr, "")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the coordinator did not start once NATS was up")
+	}
+	if fi, err := os.Stat(data); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("data dir: %v, %v", fi, err)
+	}
+	got := waitRunner(t, c, "early")
+	if len(got.Labels) != 2 || got.Labels["zone"] != "a" || got.Labels["disk"] != "ssd" {
+		t.Fatalf("labels %v", got.Labels)
+	}
+	dir := t.TempDir()
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "echo up > out", Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := waitStatus(t, c, res.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
+		t.Fatalf("job %+v", j)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "out")); err != nil || string(b) != "up\n" {
+		t.Fatalf("the job wrote %q, %v", b, err)
+	}
+}
+
+// TestLabelFlags: a malformed --label is a usage error, before anything connects.
+func TestLabelFlags(t *testing.T) {
+	for _, labels := range [][]string{{"nokey"}, {"=v"}, {"a b=c"}, {"k=v", "k=w"}, {strings.Repeat("k", 64) + "=v"}} {
+		args := []string{"runner", "--nats", "nats://127.0.0.1:1"}
+		for _, l := range labels {
+			args = append(args, "--label", l)
+		}
+		var stderr strings.Builder
+		err := run(t.Context(), args, os.Getenv, io.Discard, &stderr)
+		if code(err) != 2 || !strings.Contains(err.Error(), "--label") {
+			t.Errorf("labels %q: %v (exit %d), want a usage error naming --label", labels, err, code(err))
+		}
+	}
+}
+
+// stallProxy forwards TCP connections to a NATS server and can hold every byte in both directions,
+// as a stalled runner (SIGSTOP, a frozen VM) or a cut network looks to the others: nothing is
+// closed, nothing gets through.
+type stallProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	// up and down are closed while bytes flow to the server and back from it.
+	up, down chan struct{}
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, target: target, up: make(chan struct{}), down: make(chan struct{})}
+	close(p.up)
+	close(p.down)
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	var connsMu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			connsMu.Lock()
+			conns = append(conns, c, up)
+			connsMu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); p.pipe(up, c, &p.up) }()
+			go func() { defer wg.Done(); p.pipe(c, up, &p.down) }()
+		}
+	}()
+	t.Cleanup(func() {
+		p.resume()
+		ln.Close()
+		connsMu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		connsMu.Unlock()
+		wg.Wait()
+	})
+	return p
+}
+
+func (p *stallProxy) url() string { return "nats://" + p.ln.Addr().String() }
+
+// pipe copies src to dst, holding what it read while the gate is shut.
+func (p *stallProxy) pipe(dst, src net.Conn, gate *chan struct{}) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			open := *gate
+			p.mu.Unlock()
+			<-open
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// stall holds every byte both ways.
+func (p *stallProxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.up, p.down = make(chan struct{}), make(chan struct{})
+}
+
+// stallReplies holds what the server sends: what the client publishes is delivered, and it hears
+// nothing back, acks included.
+func (p *stallProxy) stallReplies() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = make(chan struct{})
+}
+
+func (p *stallProxy) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, g := range []chan struct{}{p.up, p.down} {
+		select {
+		case <-g:
+		default:
+			close(g)
+		}
+	}
+}
+
+// startSpinner starts a job that records its pid and runs until killed, and waits until it runs.
+func startSpinner(t *testing.T, c *client.Client) (id string, pid int) {
+	t.Helper()
+	dir := t.TempDir()
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "echo $$ > pid; while :; do sleep 0.1; done", Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, res.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" })
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		b, _ := os.ReadFile(filepath.Join(dir, "pid"))
+		if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			return res.Job.ID, pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job wrote no pid: %q", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// processAlive reports whether pid runs (a zombie counts as gone).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
+
+// TestLostJobKilledOnReturn: a runner stalled past the deadline (that does not fence itself) gets
+// its job marked lost; when it comes back, the coordinator has it killed, and the job stays lost.
+func TestLostJobKilledOnReturn(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	_, c := startFleetCoordinator(t, n.url(), "--runner-deadline", "2s")
+	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	startFleetRunner(t, proxy.url(), "stalled", "--runner-deadline", "1h")
+	waitRunner(t, c, "stalled")
+	id, pid := startSpinner(t, c)
+
+	proxy.stall()
+	stalled := time.Now()
+	j := waitStatus(t, c, id, 10*time.Second, ended)
+	t.Logf("lost detected %s after the stall (deadline 2 s)", time.Since(stalled).Round(10*time.Millisecond))
+	if j.Status != "aborted" || j.Reason != "lost" {
+		t.Fatalf("job %+v, want aborted, lost", j)
+	}
+	if !processAlive(pid) {
+		t.Fatal("the job died before its runner came back: the test shows nothing")
+	}
+	proxy.resume()
+	resumed := time.Now()
+	for processAlive(pid) {
+		if time.Since(resumed) > 10*time.Second {
+			t.Fatal("the job marked lost still runs 10 s after its runner came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("killed %s after the runner came back", time.Since(resumed).Round(10*time.Millisecond))
+	time.Sleep(time.Second) // the runner's exit event arrives and is dropped
+	if j, err := c.Job(t.Context(), id); err != nil || j.Status != "aborted" || j.Reason != "lost" {
+		t.Fatalf("after the runner's return: %+v, %v; want still aborted, lost", j, err)
+	}
+}
+
+// TestRunnerFencesItself: a runner cut off from NATS past its deadline kills its jobs by itself,
+// while still cut off, and reports them lost once it is back.
+func TestRunnerFencesItself(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	_, c := startFleetCoordinator(t, n.url(), "--runner-deadline", "1h")
+	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	startFleetRunner(t, proxy.url(), "cutoff", "--runner-deadline", "2s")
+	waitRunner(t, c, "cutoff")
+	id, pid := startSpinner(t, c)
+
+	proxy.stall()
+	cut := time.Now()
+	for processAlive(pid) {
+		if time.Since(cut) > 10*time.Second {
+			t.Fatal("the cut-off runner did not kill its job within 10 s (deadline 2 s)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the runner killed its job %s after it was cut off (deadline 2 s)", time.Since(cut).Round(10*time.Millisecond))
+	if j, err := c.Job(t.Context(), id); err != nil || j.Status != "running" {
+		t.Fatalf("job %+v, %v: the coordinator (deadline 1 h) should not have decided yet", j, err)
+	}
+	proxy.resume()
+	j := waitStatus(t, c, id, 30*time.Second, ended)
+	if j.Status != "aborted" || j.Reason != "lost" || !strings.Contains(j.Error, "could not reach NATS") {
+		t.Fatalf("job %+v, want aborted, lost, saying why", j)
+	}
+}
+
+// TestDrainShown: a runner stopped with --drain-timeout shows as draining in GET /v1/runners while
+// its job finishes, and exits 0 once it did.
+func TestDrainShown(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	_, c := startFleetCoordinator(t, n.url())
+	r := startFleetRunner(t, n.url(), "drainer", "--drain-timeout", "30s")
+	waitRunner(t, c, "drainer")
+	dir := t.TempDir()
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "sleep 3; echo done > out", Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, res.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" })
+	r.cancel() // what SIGTERM does
+	for deadline := time.Now().Add(10 * time.Second); !waitRunner(t, c, "drainer").Draining; {
+		if time.Now().After(deadline) {
+			t.Fatal("GET /v1/runners does not say draining")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if j := waitStatus(t, c, res.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
+		t.Fatalf("the job running when the drain began: %+v", j)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatalf("the drained runner: %v, want exit 0", err)
+	}
+}
+
+// TestAmbiguousPublish: a start whose work reached the stream but whose ack never came back is
+// refused (503) and never runs: when NATS answers again in time the coordinator withdraws the work;
+// when it does not, the work expires and the runner that takes it later is told not to start it.
+func TestAmbiguousPublish(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	coord, c := startFleetCoordinator(t, proxy.url())
+	dir := t.TempDir()
+	start := func(name string) error {
+		_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + filepath.Join(dir, name), Cwd: dir})
+		return err
+	}
+	// Wait until the coordinator is ready to queue work (its first start succeeds; no runner yet).
+	for deadline := time.Now().Add(30 * time.Second); start("ready") != nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("the coordinator never queued a job")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// 1. The ack is held past the publish timeout, then let through: settled by withdrawal.
+	proxy.stallReplies()
+	errc := make(chan error, 1)
+	go func() { errc <- start("withdrawn") }()
+	time.Sleep(6 * time.Second) // past the 5 s publish timeout: the coordinator is settling
+	proxy.resume()
+	var apiErr *client.Error
+	if err := <-errc; !errors.As(err, &apiErr) || apiErr.Status != 503 {
+		t.Fatalf("start whose ack came late: %v, want a 503", err)
+	}
+	if !coord.logged("withdrawn") {
+		t.Error("the coordinator did not say it withdrew the work")
+	}
+
+	// 2. No answer until the coordinator gave up: the work stays in the stream, expired.
+	proxy.stallReplies()
+	go func() { errc <- start("expired") }()
+	if err := <-errc; !errors.As(err, &apiErr) || apiErr.Status != 503 {
+		t.Fatalf("start without an ack: %v, want a 503", err)
+	}
+	proxy.resume()
+
+	// A runner joins: it runs the job queued before all this, and refuses the expired work.
+	r := startFleetRunner(t, n.url(), "late")
+	waitRunner(t, c, "late")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the job queued before the faults never ran")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(15 * time.Second); n.msgs(proto.WorkStream) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the work stream still holds %d messages", n.msgs(proto.WorkStream))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Refused before it was announced, not killed after it was (which may be too late).
+	if !r.logged("dropping work whose start the coordinator refused") {
+		t.Error("the runner did not ask about the expired work")
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, name := range []string{"withdrawn", "expired"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Errorf("the refused start %q ran (%v)", name, err)
+		}
+	}
+	jobs, err := c.Jobs(t.Context(), client.JobsQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range jobs {
+		if j.Status == "running" || j.Status == "queued" {
+			t.Errorf("job %s (%s) is %s", j.ID, j.Command, j.Status)
+		}
+	}
+}
