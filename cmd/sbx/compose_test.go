@@ -415,13 +415,14 @@ func TestComposeFleet(t *testing.T) {
 		if !strings.Contains(string(out), "Authorization Violation") || strings.Contains(string(out), "PONG") {
 			t.Errorf("an anonymous NATS client got: %q", out)
 		}
-		// A job runs as sbx-job, which cannot read the enroll key that mints any runner's creds.
-		r, err := c.Start(ctx, client.StartRequest{Command: "id -un; cat /run/sbx-enroll/enroll.key", Cwd: "/workspace",
+		// A job runs as sbx-job, without the runner's CAP_SYS_ADMIN, and cannot read the enroll key that
+		// mints any runner's creds.
+		r, err := c.Start(ctx, client.StartRequest{Command: "id -un; grep CapEff /proc/self/status; cat /run/sbx-enroll/enroll.key", Cwd: "/workspace",
 			Session: "auth", BlockUntil: 20 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Job.Status != "failed" || !strings.HasPrefix(r.Output, "sbx-job\n") || !strings.Contains(r.Output, "Permission denied") {
+		if r.Job.Status != "failed" || !strings.HasPrefix(r.Output, "sbx-job\nCapEff:\t0000000000000000\n") || !strings.Contains(r.Output, "Permission denied") {
 			t.Errorf("a job reading the enroll key: %s, output %q", r.Job.Status, r.Output)
 		}
 		// The API refuses a call without the token.
