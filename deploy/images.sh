@@ -108,5 +108,11 @@ have "$NATS_IMAGE" || nats_image "$ver" "$NATS_IMAGE"
 SBX_IMAGE=${SBX_IMAGE:-sbx:local}
 log "building bin/sbx and $SBX_IMAGE"
 CGO_ENABLED=1 go build -o bin/sbx ./cmd/sbx
+old=$(docker image inspect --format '{{.Id}}' "$SBX_IMAGE" 2>/dev/null || true)
 docker build -q -f deploy/Dockerfile.local -t "$SBX_IMAGE" . >&2
+# The image the tag left is removed when no other tag names it and no container uses it: rebuilds do
+# not pile up.
+if [ -n "$old" ] && [ "$(docker image inspect --format '{{len .RepoTags}}' "$old" 2>/dev/null)" = 0 ]; then
+	docker rmi "$old" >/dev/null 2>&1 || true
+fi
 log "done in $(($(date +%s) - start))s: debian:$SUITE-slim sbx-base:$SUITE $NATS_IMAGE $SBX_IMAGE"
