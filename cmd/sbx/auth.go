@@ -18,7 +18,7 @@ const authUsage = `usage: sbx auth <command> [flags]
 
   init   --dir DIR                          make the NATS authority of a fleet: keys, coordinator.creds,
                                             nats-auth.conf for the NATS server to include
-  runner (--dir DIR | --data DIR) --id R [--out F]
+  runner (--dir DIR | --data DIR) --id R [--pool P] [--out F]
                                             mint the credentials of runner R (--data: of an sbx serve)`
 
 // cmdAuth mints NATS credentials: `sbx auth init` and `sbx auth runner`.
@@ -83,6 +83,7 @@ func cmdAuthRunner(args []string, stdout, stderr io.Writer) error {
 	data := fs.String("data", "", "data directory of an sbx serve, whose authority to use")
 	id := fs.String("id", "", "runner id the credentials are for (required)")
 	out := fs.String("out", "", "file to write (0600); default stdout")
+	pool := fs.String("pool", "", "the one pool whose work the runner may take (default: any)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -98,7 +99,7 @@ func cmdAuthRunner(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	creds, err := a.RunnerCreds(*id)
+	creds, err := a.RunnerCreds(*id, *pool)
 	if err != nil {
 		return usageError("auth runner: %v", err)
 	}

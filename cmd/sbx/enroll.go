@@ -22,6 +22,8 @@ const enrollPath = "/v1/enroll"
 // enrollRequest and enrollReply are the bodies of POST /v1/enroll.
 type enrollRequest struct {
 	RunnerID string `json:"runner_id"`
+	// Pool, when set, limits the creds to that pool's work.
+	Pool string `json:"pool,omitempty"`
 }
 
 type enrollReply struct {
@@ -55,7 +57,11 @@ func (e *enroller) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		enrollError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("runner_id %q must be 1-64 characters of letters, digits, '_' and '-'.", req.RunnerID))
 		return
 	}
-	creds, err := e.auth.RunnerCreds(req.RunnerID)
+	if req.Pool != "" && !proto.ValidToken(req.Pool) {
+		enrollError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("pool %q must be 1-64 characters of letters, digits, '_' and '-'.", req.Pool))
+		return
+	}
+	creds, err := e.auth.RunnerCreds(req.RunnerID, req.Pool)
 	if err != nil {
 		e.log.Error("enroll", "runner", req.RunnerID, "err", err)
 		enrollError(w, http.StatusInternalServerError, "internal", "The creds could not be made.")
@@ -73,11 +79,11 @@ func enrollError(w http.ResponseWriter, status int, code, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
 }
 
-// enroll asks the coordinator at base for runner id's creds with the enroll key.
-func enroll(ctx context.Context, base, key, id string) ([]byte, error) {
+// enroll asks the coordinator at base for the creds of runner id of pool with the enroll key.
+func enroll(ctx context.Context, base, key, id, pool string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	body, _ := json.Marshal(enrollRequest{RunnerID: id})
+	body, _ := json.Marshal(enrollRequest{RunnerID: id, Pool: pool})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(base, "/")+enrollPath, bytes.NewReader(body))
 	if err != nil {
 		return nil, usageError("--enroll: %v", err)

@@ -65,7 +65,7 @@ func TestServeNATSAuth(t *testing.T) {
 	}
 
 	creds := filepath.Join(t.TempDir(), "extra.creds")
-	if _, err := s.sbx(t, "auth", "runner", "--data", s.data, "--id", "extra", "--out", creds); err != nil {
+	if _, err := s.sbx(t, "auth", "runner", "--data", s.data, "--id", "extra", "--pool", "extra", "--out", creds); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(creds); err != nil || fi.Mode().Perm() != 0o600 {

@@ -325,7 +325,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	runnerCreds, err := auth.RunnerCreds(rf.id)
+	runnerCreds, err := auth.RunnerCreds(rf.id, rf.pool)
 	if err != nil {
 		return usageError("--id: %v", err)
 	}
@@ -475,7 +475,7 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 		if err != nil {
 			return fmt.Errorf("--enroll-key-file: %w", err)
 		}
-		creds, err := enroll(ctx, *enrollURL, key, rf.id)
+		creds, err := enroll(ctx, *enrollURL, key, rf.id, rf.pool)
 		if err != nil {
 			return err
 		}

@@ -262,17 +262,23 @@ func RunnerInboxPrefix(id string) string { return "_INBOX_" + id }
 // (proto.ConfirmSubject); it subscribes to its control subject, micro discovery and its inbox, and
 // answers the requests it gets. It cannot publish work, read the work or event subjects,
 // publish another runner's events or heartbeats, or create, change or delete streams and consumers.
-func RunnerPermissions(id string) jwt.Permissions {
+// With a pool, it reaches only that pool's work consumers; "" allows every pool's.
+func RunnerPermissions(id, pool string) jwt.Permissions {
 	ws := proto.WorkStream
+	consumers := []string{"*"}
+	if pool != "" {
+		consumers = []string{proto.WorkConsumer(pool, proto.CapPlain), proto.WorkConsumer(pool, proto.CapReadonly)}
+	}
+	pub := []string{proto.RunnerEventSubjects(id), proto.HeartbeatSubject(id), proto.ConfirmSubject}
+	for _, c := range consumers {
+		pub = append(pub,
+			"$JS.API.CONSUMER.INFO."+ws+"."+c,
+			"$JS.API.CONSUMER.MSG.NEXT."+ws+"."+c,
+			"$JS.ACK."+ws+"."+c+".>",
+		)
+	}
 	return jwt.Permissions{
-		Pub: jwt.Permission{Allow: []string{
-			proto.RunnerEventSubjects(id),
-			proto.HeartbeatSubject(id),
-			proto.ConfirmSubject,
-			"$JS.API.CONSUMER.INFO." + ws + ".*",
-			"$JS.API.CONSUMER.MSG.NEXT." + ws + ".*",
-			"$JS.ACK." + ws + ".>",
-		}},
+		Pub: jwt.Permission{Allow: pub},
 		Sub: jwt.Permission{Allow: []string{
 			proto.ControlSubject(id),
 			"$SRV.>",
@@ -287,12 +293,15 @@ func (a *Authority) CoordinatorCreds() ([]byte, error) {
 	return a.user(CoordinatorUser, CoordinatorPermissions())
 }
 
-// RunnerCreds mints the credentials file of runner id.
-func (a *Authority) RunnerCreds(id string) ([]byte, error) {
+// RunnerCreds mints the credentials file of runner id, limited to the work of pool ("": any pool).
+func (a *Authority) RunnerCreds(id, pool string) ([]byte, error) {
 	if !proto.ValidToken(id) {
 		return nil, fmt.Errorf("runner id %q must be 1-64 characters of letters, digits, '_' and '-'", id)
 	}
-	return a.user(runnerUserPrefix+id, RunnerPermissions(id))
+	if pool != "" && !proto.ValidToken(pool) {
+		return nil, fmt.Errorf("pool %q must be 1-64 characters of letters, digits, '_' and '-'", pool)
+	}
+	return a.user(runnerUserPrefix+id, RunnerPermissions(id, pool))
 }
 
 // user mints a user of the sbx account with a fresh key and returns its credentials file (the

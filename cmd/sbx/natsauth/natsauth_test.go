@@ -120,11 +120,11 @@ func TestAnonymousRefused(t *testing.T) {
 		t.Fatal("an anonymous client connected")
 	}
 	// Creds of another authority are refused too.
-	other, err := Open(filepath.Join(t.TempDir(), "other"))
+	otherAuth, err := Open(filepath.Join(t.TempDir(), "other"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds, err := other.CoordinatorCreds()
+	creds, err := otherAuth.CoordinatorCreds()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +167,12 @@ func TestRunnerPermissions(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	other := proto.WorkConsumer("other", proto.CapPlain)
+	if _, err := cjs.CreateConsumer(ctx, proto.WorkStream, jetstream.ConsumerConfig{
+		Durable: other, FilterSubject: proto.WorkSubject("other", proto.CapPlain), AckPolicy: jetstream.AckExplicitPolicy,
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := cjs.Publish(ctx, proto.WorkSubject("default", proto.CapPlain), []byte("job")); err != nil {
 		t.Fatalf("the coordinator cannot queue work: %v", err)
 	}
@@ -178,7 +184,7 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rcreds, err := a.RunnerCreds("r1")
+	rcreds, err := a.RunnerCreds("r1", "default")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,6 +235,9 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatalf("the runner cannot register its service: %v", err)
 	}
 	defer svc.Stop()
+	if err := rc.Flush(); err != nil { // the server has the service's subscriptions
+		t.Fatal(err)
+	}
 	if m, err := coord.Request(proto.ControlSubject("r1"), []byte("ping"), 5*time.Second); err != nil || string(m.Data) != "ok" {
 		t.Fatalf("control request: %v", err)
 	}
@@ -271,6 +280,9 @@ func TestRunnerPermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantViolation(t, errs, subject)
+	}
+	if _, err := rjs.Consumer(short(), proto.WorkStream, other); err == nil {
+		t.Fatal("a runner of pool default bound to pool other's work consumer")
 	}
 	if err := rjs.DeleteConsumer(short(), proto.WorkStream, work); err == nil {
 		t.Fatal("the runner deleted the work consumer")
