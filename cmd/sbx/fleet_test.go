@@ -81,6 +81,22 @@ func (n *restartableNATS) msgs(stream string) uint64 {
 	return st.CachedInfo().State.Msgs
 }
 
+// hasConsumer reports whether the stream has the durable consumer.
+func (n *restartableNATS) hasConsumer(stream, name string) bool {
+	n.t.Helper()
+	nc, err := nats.Connect(n.url())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	_, err = js.Consumer(n.t.Context(), stream, name)
+	return err == nil
+}
+
 // lastSeq is the sequence of the last message the stream ever stored.
 func (n *restartableNATS) lastSeq(stream string) uint64 {
 	n.t.Helper()
@@ -569,10 +585,11 @@ func TestAmbiguousPublish(t *testing.T) {
 		_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + filepath.Join(dir, name), Cwd: dir})
 		return err
 	}
-	// Wait until the coordinator is ready to queue work (its first start succeeds; no runner yet).
-	for deadline := time.Now().Add(30 * time.Second); start("ready") != nil; {
+	// Wait until the coordinator is ready to queue work (its first start succeeds; no runner yet) and
+	// consumes events: its start-up talks to NATS, which the stall would break.
+	for deadline := time.Now().Add(30 * time.Second); start("ready") != nil || !n.hasConsumer(proto.EventStream, proto.EventConsumer); {
 		if time.Now().After(deadline) {
-			t.Fatal("the coordinator never queued a job")
+			t.Fatal("the coordinator never got ready")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

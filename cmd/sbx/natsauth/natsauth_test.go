@@ -229,6 +229,9 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatalf("the runner cannot register its service: %v", err)
 	}
 	defer svc.Stop()
+	if err := rc.Flush(); err != nil { // the service's subscriptions are in place at the server
+		t.Fatal(err)
+	}
 	if m, err := coord.Request(proto.ControlSubject("r1"), []byte("ping"), 5*time.Second); err != nil || string(m.Data) != "ok" {
 		t.Fatalf("control request: %v", err)
 	}
