@@ -232,23 +232,29 @@ func ended(j *client.Job) bool {
 	return j.Status == "succeeded" || j.Status == "failed" || j.Status == "aborted"
 }
 
-// TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back.
+// TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back;
+// a job that ran through the outage ends with its whole output.
 func TestNATSOutage(t *testing.T) {
 	n := newRestartableNATS(t, true)
 	_, c := startFleetCoordinator(t, n.url())
 	startFleetRunner(t, n.url(), "outage")
 	waitRunner(t, c, "outage")
 	dir := t.TempDir()
+	through, err := c.Start(t.Context(), client.StartRequest{Command: "echo before; sleep 2; echo after", Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, through.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" })
 
 	n.stop()
 	marker := filepath.Join(dir, "ran")
-	_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + marker, Cwd: dir})
+	_, err = c.Start(t.Context(), client.StartRequest{Command: "touch " + marker, Cwd: dir})
 	var apiErr *client.Error
 	if !errors.As(err, &apiErr) || apiErr.Status != 503 {
 		t.Fatalf("start with NATS down: %v, want a 503", err)
 	}
 	jobs, err := c.Jobs(t.Context(), client.JobsQuery{})
-	if err != nil || len(jobs) != 1 {
+	if err != nil || len(jobs) != 2 {
 		t.Fatalf("jobs %+v, %v", jobs, err)
 	}
 	n.start()
@@ -269,8 +275,15 @@ func TestNATSOutage(t *testing.T) {
 	}
 	// Not even queued: the work stream only ever held the second job. (A refused start queued after
 	// all is mostly killed by the coordinator once its runner announces it, but it may have run.)
-	if seq := n.lastSeq(proto.WorkStream); seq != 1 {
-		t.Fatalf("the work stream stored %d messages, want only the second job's", seq)
+	if seq := n.lastSeq(proto.WorkStream); seq != 2 {
+		t.Fatalf("the work stream stored %d messages, want the two started jobs' only", seq)
+	}
+	if j := waitStatus(t, c, through.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
+		t.Fatalf("the job that ran through the outage: %+v", j)
+	}
+	var out strings.Builder
+	if err := c.Follow(t.Context(), through.Job.ID, 0, &out); err != nil || out.String() != "before\nafter\n" {
+		t.Fatalf("output of the job that ran through the outage: %q, %v", out.String(), err)
 	}
 	j, err := c.Job(t.Context(), jobs[0].ID)
 	if err != nil || j.Status == "running" || !ended(j) {
