@@ -123,8 +123,9 @@ type Service struct {
 
 	// strays are the kill requests sent to runners in the background (stopStray); Run waits for them.
 	strays sync.WaitGroup
-	// fenced are the jobs marked lost while their runner may still run them (see fence.go).
-	fenced map[string]*fencedJob
+	// fencing are the jobs a kill request was sent for because their runner still runs them while
+	// the coordinator has them ended (see fence.go); one request at a time per job.
+	fencing map[string]bool
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -223,7 +224,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
-		fenced:       map[string]*fencedJob{},
+		fencing:      map[string]bool{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
@@ -959,7 +960,6 @@ func (s *Service) markLost(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
-	s.expireFencesLocked(now)
 	for id, r := range s.runners {
 		if now.Sub(r.LastSeen) > s.cfg.RunnerDeadline {
 			s.cfg.Logger.Warn("runner gone", "runner", id, "last_seen", r.LastSeen)
@@ -988,6 +988,5 @@ func (s *Service) markLost(ctx context.Context) {
 		if err := s.finishLocked(ctx, l); err != nil {
 			s.cfg.Logger.Error("mark job lost", "job", j.ID, "err", err)
 		}
-		s.fenceLocked(j.Runner, j.ID, now)
 	}
 }

@@ -401,12 +401,17 @@ func (r *Runner) heartbeat(ctx context.Context) {
 		}
 		r.mu.Lock()
 		running := len(r.jobs)
+		ids := make([]string, 0, running)
+		for id := range r.jobs {
+			ids = append(ids, id)
+		}
 		r.mu.Unlock()
+		slices.Sort(ids)
 		hb := &proto.Heartbeat{
 			V: proto.Version, Runner: r.cfg.ID, Pool: r.cfg.Pool, Slots: r.cfg.Slots, Running: min(running, r.cfg.Slots),
 			Readonly: r.readonly.ok, ReadonlyReason: r.readonly.reason,
 			Cgroup: r.mgr.Describe(), Labels: r.cfg.Labels, Version: r.cfg.Version, Boot: r.boot, Time: time.Now(),
-			Draining: r.draining.Load(),
+			Draining: r.draining.Load(), Jobs: ids[:min(len(ids), proto.MaxHeartbeatJobs)],
 		}
 		err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb))
 		if err == nil {
