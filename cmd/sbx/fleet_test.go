@@ -313,10 +313,11 @@ func TestStartBeforeNATS(t *testing.T) {
 	}
 	n.start()
 	var c *client.Client
+	var addr string
 	select {
 	case line := <-coord.out.first:
 		_, rest, _ := strings.Cut(line, "API ")
-		addr, _, _ := strings.Cut(rest, ",")
+		addr, _, _ = strings.Cut(rest, ",")
 		c = client.New(addr, "")
 	case <-time.After(30 * time.Second):
 		t.Fatal("the coordinator did not start once NATS was up")
@@ -327,6 +328,19 @@ func TestStartBeforeNATS(t *testing.T) {
 	got := waitRunner(t, c, "early")
 	if len(got.Labels) != 2 || got.Labels["zone"] != "a" || got.Labels["disk"] != "ssd" {
 		t.Fatalf("labels %v", got.Labels)
+	}
+	var table strings.Builder
+	env := func(k string) string {
+		if k == "SBX_ADDR" {
+			return addr
+		}
+		return ""
+	}
+	if err := run(t.Context(), []string{"runners"}, env, &table, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "disk=ssd,zone=a") || !strings.Contains(table.String(), "ready") {
+		t.Fatalf("sbx runners:\n%s", table.String())
 	}
 	dir := t.TempDir()
 	res, err := c.Start(t.Context(), client.StartRequest{Command: "echo up > out", Cwd: dir})
