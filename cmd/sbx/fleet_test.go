@@ -681,3 +681,26 @@ func TestAmbiguousPublish(t *testing.T) {
 		}
 	}
 }
+
+// TestCoordinatorCutOff: when the coordinator is the one cut off, the runners' silence it hears is
+// no evidence: no job is marked lost, and none is killed when the link comes back.
+func TestCoordinatorCutOff(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	_, c := startFleetCoordinator(t, proxy.url(), "--runner-deadline", "2s")
+	startFleetRunner(t, n.url(), "healthy", "--runner-deadline", "2s")
+	waitRunner(t, c, "healthy")
+	id, pid := startSpinner(t, c)
+
+	proxy.stall()
+	time.Sleep(5 * time.Second) // past the deadline, short of the client's own stale-link detection
+	proxy.resume()
+	time.Sleep(3 * time.Second) // the link is back: what would be marked lost now, and killed
+	j, err := c.Job(t.Context(), id)
+	if err != nil || j.Status != "running" {
+		t.Fatalf("job %+v, %v after the coordinator's own link was cut; want still running", j, err)
+	}
+	if !processAlive(pid) {
+		t.Fatal("the job was killed")
+	}
+}

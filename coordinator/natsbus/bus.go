@@ -270,6 +270,12 @@ func (b *Bus) Withdraw(ctx context.Context, seq uint64) (bool, error) {
 	return true, nil
 }
 
+// CheckLink makes a round trip to NATS: the coordinator counts runners' silence only while it
+// succeeds.
+func (b *Bus) CheckLink(ctx context.Context) error {
+	return b.nc.FlushWithContext(ctx)
+}
+
 // Control sends a request to a runner and decodes its reply.
 func (b *Bus) Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.ControlTimeout)
