@@ -318,16 +318,30 @@ func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Con
 		if err == nil {
 			return cons, nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
+			r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
+		case jetStreamNotReady(err) && ctx.Err() == nil:
+			r.cfg.Logger.Info("waiting for JetStream", "err", err)
+		default:
 			return nil, fmt.Errorf("bind work consumer %s: %w", name, err)
 		}
-		r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
 		select {
 		case <-time.After(time.Second):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// jetStreamNotReady reports whether err means JetStream cannot answer yet (not enabled yet, a
+// cluster electing its leader, the link being re-established) rather than a refusal.
+func jetStreamNotReady(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.As(err, &apiErr) && apiErr.Code == 503
 }
 
 // pullExpiry bounds one pull for work; a pull that expires empty is made again.

@@ -49,9 +49,12 @@ func newRestartableNATS(t *testing.T, start bool) *restartableNATS {
 
 func (n *restartableNATS) url() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
 
-func (n *restartableNATS) start() {
+func (n *restartableNATS) start() { n.t.Helper(); n.startWith(true) }
+
+// startWith starts the server, with JetStream or without.
+func (n *restartableNATS) startWith(jetStream bool) {
 	n.t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: true, StoreDir: n.store, NoSigs: true})
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: jetStream, StoreDir: n.store, NoSigs: true})
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -702,5 +705,46 @@ func TestCoordinatorCutOff(t *testing.T) {
 	}
 	if !processAlive(pid) {
 		t.Fatal("the job was killed")
+	}
+}
+
+// TestJetStreamLate: a coordinator and a runner that reach NATS before JetStream answers wait for it,
+// saying so, rather than exit.
+func TestJetStreamLate(t *testing.T) {
+	n := newRestartableNATS(t, false)
+	n.startWith(false)
+	r := startFleetRunner(t, n.url(), "patient")
+	coord := startPart(t, "coordinator", "--nats", n.url(), "--listen", "127.0.0.1:0", "--data", t.TempDir())
+	for deadline := time.Now().Add(20 * time.Second); !coord.logged("waiting for JetStream") || !r.logged("waiting for JetStream"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the coordinator and the runner did not say they wait for JetStream")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-coord.done:
+		t.Fatalf("the coordinator exited: %v", err)
+	case err := <-r.done:
+		t.Fatalf("the runner exited: %v", err)
+	default:
+	}
+	n.stop()
+	n.start()
+	var c *client.Client
+	select {
+	case line := <-coord.out.first:
+		_, rest, _ := strings.Cut(line, "API ")
+		addr, _, _ := strings.Cut(rest, ",")
+		c = client.New(addr, "")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the coordinator did not start once JetStream was up")
+	}
+	waitRunner(t, c, "patient")
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "true", Cwd: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := waitStatus(t, c, res.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
+		t.Fatalf("job %+v", j)
 	}
 }
