@@ -59,7 +59,8 @@ type Config struct {
 	// one; readonly jobs do not see them at all (they are added to Cgroup.Hide). A plain job running
 	// as root can still read any file: run jobs as another user (--user) to keep them out.
 	Secrets []string
-	// HeartbeatInterval is the time between heartbeats (2 s).
+	// HeartbeatInterval is the time between heartbeats (2 s, or a fifth of FenceAfter when that is
+	// shorter).
 	HeartbeatInterval time.Duration
 	// DrainTimeout, when positive, makes the end of Run's context a drain: the runner takes no more
 	// work, says draining in its heartbeats, and lets its jobs run up to DrainTimeout before it
@@ -141,11 +142,16 @@ func (c *Config) setDefaults() error {
 	if c.Environ == nil {
 		c.Environ = os.Environ()
 	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = 2 * time.Second
-	}
 	if c.FenceAfter == 0 {
 		c.FenceAfter = 15 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		// Several heartbeats per deadline, so that one late tick is not a missed deadline, on either
+		// side: 2 s for the default 15 s.
+		c.HeartbeatInterval = 2 * time.Second
+		if c.FenceAfter > 0 {
+			c.HeartbeatInterval = min(c.HeartbeatInterval, c.FenceAfter/5)
+		}
 	}
 	if c.Coalesce == 0 {
 		c.Coalesce = 2 * time.Millisecond
