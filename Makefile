@@ -5,7 +5,10 @@ GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PKGS := bubblewrap libseccomp-dev gcc libc6-dev pkg-config python3 git
 
-.PHONY: run test bench build deps vet fmt-check
+.PHONY: run test bench build deps vet fmt-check images fleet
+
+# COMPOSE is the Compose CLI this machine has: the docker plugin, else the standalone docker-compose.
+COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
 build:
 	$(GO) build -o bin/sbx ./cmd/sbx
@@ -22,6 +25,15 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'RunToExit|ExitToNotification' -benchtime 300x -timeout 20m ./cmd/sbx/
 	$(GO) test -run '^$$' -bench OutputThroughput -benchtime 3x -timeout 20m ./cmd/sbx/
 	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 20m ./sandbox/
+
+# images builds the fleet's images without a registry (deploy/images.sh: base images only when absent).
+images: deps
+	deploy/images.sh
+
+# fleet starts NATS, a coordinator and three runners (docker-compose.yml, docs/fleet.md).
+fleet: images
+	$(COMPOSE) up -d --scale runner=3
+	@echo 'export SBX_TOKEN=$$($(COMPOSE) exec -T coordinator cat /run/sbx/token)'
 
 vet:
 	$(GO) vet ./...
