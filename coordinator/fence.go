@@ -7,44 +7,23 @@ import (
 	"github.com/sbx-dev/sbx/proto"
 )
 
-// fenceTTL is how long the coordinator keeps asking a runner to kill a job it marked lost. A runner
-// cut off for longer has killed the job itself (its FenceAfter is the runner deadline).
-const fenceTTL = 10 * time.Minute
-
-// fencedJob is a job marked lost whose runner may still run it: the runner stalled or was cut off
-// rather than died. Until the runner confirms the job is gone (its kill reply), every heartbeat of
-// the runner brings a kill request; events it sends for the job meanwhile find the job ended and are
-// dropped. So a job is never both lost and running for long: the runner kills it itself past its
-// deadline, and the coordinator kills it as soon as the runner is heard from again.
-type fencedJob struct {
-	runner   string
-	until    time.Time
-	inFlight bool
-}
-
-// fenceLocked records a job just marked lost. s.mu is held.
-func (s *Service) fenceLocked(runner, id string, now time.Time) {
-	s.fenced[id] = &fencedJob{runner: runner, until: now.Add(fenceTTL)}
-}
-
-// expireFencesLocked forgets fences past their TTL. s.mu is held.
-func (s *Service) expireFencesLocked(now time.Time) {
-	for id, f := range s.fenced {
-		if now.After(f.until) {
-			delete(s.fenced, id)
-		}
-	}
-}
-
-// killFencedLocked asks a runner that was just heard from to kill the jobs marked lost on it, in
-// the background; a fence is dropped once the runner answers (killed, or it has no such job). s.mu
-// is held.
-func (s *Service) killFencedLocked(runner string) {
-	for id, f := range s.fenced {
-		if f.runner != runner || f.inFlight {
+// fenceLocked has a runner kill the jobs its heartbeat lists that the coordinator does not consider
+// running there: marked lost while the runner was stalled or cut off, ended otherwise, unknown, or
+// taken by another runner. Their events meanwhile find them ended and are dropped. Together with the
+// runner killing its own jobs when it cannot reach NATS, a job is never both lost and running for
+// longer than a heartbeat: the coordinator needs no memory of what it marked lost, and a coordinator
+// that restarted fences as well. A job listed but still queued here is being taken: it is left
+// alone. The kill requests go in the background, one at a time per job; the next heartbeat that
+// still lists a job sends another. s.mu is held.
+func (s *Service) fenceLocked(runner string, jobs []string) {
+	for _, id := range jobs {
+		if l, ok := s.live[id]; ok && (l.job.Runner == "" || l.job.Runner == runner) {
 			continue
 		}
-		f.inFlight = true
+		if s.fencing[id] {
+			continue
+		}
+		s.fencing[id] = true
 		s.strays.Add(1)
 		go func() {
 			defer s.strays.Done()
@@ -52,16 +31,14 @@ func (s *Service) killFencedLocked(runner string) {
 			defer cancel()
 			reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpKill, JobID: id})
 			s.mu.Lock()
-			defer s.mu.Unlock()
-			f.inFlight = false
-			if err != nil {
-				s.cfg.Logger.Warn("kill a job marked lost", "job", id, "runner", runner, "err", err)
-				return
+			delete(s.fencing, id)
+			s.mu.Unlock()
+			switch {
+			case err != nil:
+				s.cfg.Logger.Warn("kill a job its runner should not run", "job", id, "runner", runner, "err", err)
+			case reply.Code == proto.ReplyOK:
+				s.cfg.Logger.Warn("killed a job its runner ran although it had ended here", "job", id, "runner", runner)
 			}
-			if reply.Code == proto.ReplyOK {
-				s.cfg.Logger.Warn("killed a job marked lost that its runner still ran", "job", id, "runner", runner)
-			}
-			delete(s.fenced, id)
 		}()
 	}
 }

@@ -35,7 +35,7 @@ func (s *Service) HandleHeartbeat(h *proto.Heartbeat) {
 		ReadonlyReason: h.ReadonlyReason, Cgroup: h.Cgroup, Labels: h.Labels, LastSeen: s.cfg.Now(),
 		Version: h.Version, Boot: h.Boot, Draining: h.Draining,
 	}
-	s.killFencedLocked(h.Runner)
+	s.fenceLocked(h.Runner, h.Jobs)
 }
 
 // Runners lists the live runners by id.

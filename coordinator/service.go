@@ -123,8 +123,12 @@ type Service struct {
 
 	// strays are the kill requests sent to runners in the background (stopStray); Run waits for them.
 	strays sync.WaitGroup
-	// fenced are the jobs marked lost while their runner may still run them (see fence.go).
-	fenced map[string]*fencedJob
+	// fencing are the jobs a kill request was sent for because their runner still runs them while
+	// the coordinator has them ended (see fence.go); one request at a time per job.
+	fencing map[string]bool
+	// linkUp is since when the coordinator's own link has been up without a break (checkLink);
+	// zero while it is down or not yet checked.
+	linkUp time.Time
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -223,7 +227,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
-		fenced:       map[string]*fencedJob{},
+		fencing:      map[string]bool{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
@@ -953,15 +957,60 @@ func (s *Service) touchHeaders() {
 	}
 }
 
+// linkChecker is implemented by a Dispatcher that can tell whether the coordinator reaches the
+// runners' bus right now (a round trip to NATS).
+type linkChecker interface {
+	CheckLink(ctx context.Context) error
+}
+
+// linkCheckTimeout bounds one check of the coordinator's own link.
+const linkCheckTimeout = 2 * time.Second
+
+// checkLink checks the coordinator's own link to the runners, when the dispatcher can, and reports
+// since when it has been up without a break (s.start when it cannot tell), or false while it is
+// down. Silence heard through a broken link says nothing of the runners: deadlines count from
+// when the link is back.
+func (s *Service) checkLink(ctx context.Context) (time.Time, bool) {
+	lc, ok := s.disp.(linkChecker)
+	if !ok {
+		return s.start, true
+	}
+	cctx, cancel := context.WithTimeout(ctx, linkCheckTimeout)
+	err := lc.CheckLink(cctx)
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		if !s.linkUp.IsZero() {
+			s.cfg.Logger.Warn("the coordinator cannot reach NATS: no job is marked lost until it can", "err", err)
+		}
+		s.linkUp = time.Time{}
+		return time.Time{}, false
+	}
+	if s.linkUp.IsZero() {
+		s.linkUp = s.cfg.Now()
+	}
+	return s.linkUp, true
+}
+
 // markLost ends, as lost, the jobs of runners that went silent or restarted and the jobs taken but
-// never started.
+// never started. Silence counts only while the coordinator's own link was up (checkLink).
 func (s *Service) markLost(ctx context.Context) {
+	linkUp, ok := s.checkLink(ctx)
+	if !ok {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
-	s.expireFencesLocked(now)
+	heard := func(at time.Time) time.Time {
+		if at.Before(linkUp) {
+			return linkUp
+		}
+		return at
+	}
 	for id, r := range s.runners {
-		if now.Sub(r.LastSeen) > s.cfg.RunnerDeadline {
+		if now.Sub(heard(r.LastSeen)) > s.cfg.RunnerDeadline {
 			s.cfg.Logger.Warn("runner gone", "runner", id, "last_seen", r.LastSeen)
 			delete(s.runners, id)
 		}
@@ -974,11 +1023,11 @@ func (s *Service) markLost(ctx context.Context) {
 		r, known := s.runners[j.Runner]
 		var why string
 		switch {
-		case !known && now.Sub(s.start) > s.cfg.RunnerDeadline:
+		case !known && now.Sub(heard(s.start)) > s.cfg.RunnerDeadline:
 			why = "its runner " + j.Runner + " stopped sending heartbeats"
 		case known && j.AcceptedAt != nil && j.AcceptedAt.Before(r.Boot):
 			why = "its runner " + j.Runner + " restarted"
-		case j.StartedAt == nil && j.AcceptedAt != nil && now.Sub(*j.AcceptedAt) > s.cfg.StartDeadline:
+		case j.StartedAt == nil && j.AcceptedAt != nil && now.Sub(heard(*j.AcceptedAt)) > s.cfg.StartDeadline:
 			why = "it was taken by runner " + j.Runner + " but never started"
 		default:
 			continue
@@ -988,6 +1037,5 @@ func (s *Service) markLost(ctx context.Context) {
 		if err := s.finishLocked(ctx, l); err != nil {
 			s.cfg.Logger.Error("mark job lost", "job", j.ID, "err", err)
 		}
-		s.fenceLocked(j.Runner, j.ID, now)
 	}
 }

@@ -556,6 +556,10 @@ type Heartbeat struct {
 	Version        string            `json:"version"`
 	// Draining: the runner was asked to stop; it takes no more work and lets its jobs finish.
 	Draining bool `json:"draining,omitempty"`
+	// Jobs are the ids of the jobs the runner runs (or is starting): the coordinator has it kill
+	// any that it no longer considers running there (marked lost, ended, unknown), so that a job
+	// is never both ended and running.
+	Jobs []string `json:"jobs,omitempty"`
 	// Boot is when this runner process started: a new Boot means every job of the old one is lost.
 	Boot time.Time `json:"boot"`
 	Time time.Time `json:"time"`
@@ -576,8 +580,19 @@ func DecodeHeartbeat(data []byte) (*Heartbeat, error) {
 	if h.Time.IsZero() || h.Boot.IsZero() {
 		return nil, invalid("time and boot are required")
 	}
+	if len(h.Jobs) > MaxHeartbeatJobs {
+		return nil, invalid("jobs lists %d ids, at most %d", len(h.Jobs), MaxHeartbeatJobs)
+	}
+	for _, id := range h.Jobs {
+		if !ValidToken(id) {
+			return nil, invalid("jobs: %q is not a token", id)
+		}
+	}
 	return &h, nil
 }
+
+// MaxHeartbeatJobs bounds Heartbeat.Jobs: a runner has at most 4096 slots.
+const MaxHeartbeatJobs = 4096
 
 // Encode marshals any message of this package. Marshalling these types cannot fail.
 func Encode(v any) []byte {

@@ -273,3 +273,23 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 		}
 	})
 }
+
+// TestHeartbeatJobs: a heartbeat lists the runner's jobs by id, within bounds.
+func TestHeartbeatJobs(t *testing.T) {
+	ok := Heartbeat{V: 1, Runner: "r", Pool: "p", Slots: 2, Time: time.Now(), Boot: time.Now(), Jobs: []string{"j1", "j2"}}
+	if h, err := DecodeHeartbeat(Encode(&ok)); err != nil || len(h.Jobs) != 2 || h.Jobs[1] != "j2" {
+		t.Fatalf("heartbeat with jobs: %+v, %v", h, err)
+	}
+	bad := ok
+	bad.Jobs = []string{"j1", "a.b"}
+	if _, err := DecodeHeartbeat(Encode(&bad)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "jobs") {
+		t.Errorf("a job id that is not a token: %v", err)
+	}
+	bad.Jobs = make([]string, MaxHeartbeatJobs+1)
+	for i := range bad.Jobs {
+		bad.Jobs[i] = "j"
+	}
+	if _, err := DecodeHeartbeat(Encode(&bad)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "jobs") {
+		t.Errorf("too many jobs: %v", err)
+	}
+}

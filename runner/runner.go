@@ -59,7 +59,8 @@ type Config struct {
 	// one; readonly jobs do not see them at all (they are added to Cgroup.Hide). A plain job running
 	// as root can still read any file: run jobs as another user (--user) to keep them out.
 	Secrets []string
-	// HeartbeatInterval is the time between heartbeats (2 s).
+	// HeartbeatInterval is the time between heartbeats (2 s, or a fifth of FenceAfter when that is
+	// shorter).
 	HeartbeatInterval time.Duration
 	// DrainTimeout, when positive, makes the end of Run's context a drain: the runner takes no more
 	// work, says draining in its heartbeats, and lets its jobs run up to DrainTimeout before it
@@ -141,11 +142,16 @@ func (c *Config) setDefaults() error {
 	if c.Environ == nil {
 		c.Environ = os.Environ()
 	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = 2 * time.Second
-	}
 	if c.FenceAfter == 0 {
 		c.FenceAfter = 15 * time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		// Several heartbeats per deadline, so that one late tick is not a missed deadline, on either
+		// side: 2 s for the default 15 s.
+		c.HeartbeatInterval = 2 * time.Second
+		if c.FenceAfter > 0 {
+			c.HeartbeatInterval = min(c.HeartbeatInterval, c.FenceAfter/5)
+		}
 	}
 	if c.Coalesce == 0 {
 		c.Coalesce = 2 * time.Millisecond
@@ -318,16 +324,31 @@ func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Con
 		if err == nil {
 			return cons, nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
+			r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
+		case jetStreamNotReady(err) && ctx.Err() == nil:
+			r.cfg.Logger.Info("waiting for JetStream", "err", err)
+		default:
 			return nil, fmt.Errorf("bind work consumer %s: %w", name, err)
 		}
-		r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
 		select {
 		case <-time.After(time.Second):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// jetStreamNotReady reports whether err means JetStream cannot answer yet (not enabled yet, a
+// cluster electing its leader, the link being re-established) rather than a refusal.
+func jetStreamNotReady(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrReconnectBufExceeded) ||
+		errors.As(err, &apiErr) && apiErr.Code == 503
 }
 
 // pullExpiry bounds one pull for work; a pull that expires empty is made again.
@@ -401,12 +422,17 @@ func (r *Runner) heartbeat(ctx context.Context) {
 		}
 		r.mu.Lock()
 		running := len(r.jobs)
+		ids := make([]string, 0, running)
+		for id := range r.jobs {
+			ids = append(ids, id)
+		}
 		r.mu.Unlock()
+		slices.Sort(ids)
 		hb := &proto.Heartbeat{
 			V: proto.Version, Runner: r.cfg.ID, Pool: r.cfg.Pool, Slots: r.cfg.Slots, Running: min(running, r.cfg.Slots),
 			Readonly: r.readonly.ok, ReadonlyReason: r.readonly.reason,
 			Cgroup: r.mgr.Describe(), Labels: r.cfg.Labels, Version: r.cfg.Version, Boot: r.boot, Time: time.Now(),
-			Draining: r.draining.Load(),
+			Draining: r.draining.Load(), Jobs: ids[:min(len(ids), proto.MaxHeartbeatJobs)],
 		}
 		err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb))
 		if err == nil {

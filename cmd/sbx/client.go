@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -469,9 +470,19 @@ func (cc *clientCmd) runners(ctx context.Context, fs *flag.FlagSet, args []strin
 		return fmt.Errorf("decode runners: %w", err)
 	}
 	tw := tabwriter.NewWriter(cc.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPOOL\tRUNNING\tSLOTS\tREADONLY\tCGROUP\tLAST SEEN")
+	fmt.Fprintln(tw, "ID\tPOOL\tSTATE\tRUNNING\tSLOTS\tREADONLY\tCGROUP\tLAST SEEN\tLABELS")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%v\t%s\t%s ago\n", r.ID, r.Pool, r.Running, r.Slots, r.Readonly, r.Cgroup, time.Since(r.LastSeen).Round(time.Second))
+		state := "ready"
+		if r.Draining {
+			state = "draining"
+		}
+		labels := make([]string, 0, len(r.Labels))
+		for k, v := range r.Labels {
+			labels = append(labels, k+"="+v)
+		}
+		slices.Sort(labels)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%v\t%s\t%s ago\t%s\n", r.ID, r.Pool, state, r.Running, r.Slots, r.Readonly, r.Cgroup,
+			time.Since(r.LastSeen).Round(time.Second), strings.Join(labels, ","))
 	}
 	return tw.Flush()
 }

@@ -49,9 +49,12 @@ func newRestartableNATS(t *testing.T, start bool) *restartableNATS {
 
 func (n *restartableNATS) url() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
 
-func (n *restartableNATS) start() {
+func (n *restartableNATS) start() { n.t.Helper(); n.startWith(true) }
+
+// startWith starts the server, with JetStream or without.
+func (n *restartableNATS) startWith(jetStream bool) {
 	n.t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: true, StoreDir: n.store, NoSigs: true})
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: jetStream, StoreDir: n.store, NoSigs: true})
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -79,6 +82,22 @@ func (n *restartableNATS) msgs(stream string) uint64 {
 		n.t.Fatal(err)
 	}
 	return st.CachedInfo().State.Msgs
+}
+
+// hasConsumer reports whether the stream has the durable consumer.
+func (n *restartableNATS) hasConsumer(stream, name string) bool {
+	n.t.Helper()
+	nc, err := nats.Connect(n.url())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	_, err = js.Consumer(n.t.Context(), stream, name)
+	return err == nil
 }
 
 // lastSeq is the sequence of the last message the stream ever stored.
@@ -216,23 +235,29 @@ func ended(j *client.Job) bool {
 	return j.Status == "succeeded" || j.Status == "failed" || j.Status == "aborted"
 }
 
-// TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back.
+// TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back;
+// a job that ran through the outage ends with its whole output.
 func TestNATSOutage(t *testing.T) {
 	n := newRestartableNATS(t, true)
 	_, c := startFleetCoordinator(t, n.url())
 	startFleetRunner(t, n.url(), "outage")
 	waitRunner(t, c, "outage")
 	dir := t.TempDir()
+	through, err := c.Start(t.Context(), client.StartRequest{Command: "echo before; sleep 2; echo after", Cwd: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, c, through.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" })
 
 	n.stop()
 	marker := filepath.Join(dir, "ran")
-	_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + marker, Cwd: dir})
+	_, err = c.Start(t.Context(), client.StartRequest{Command: "touch " + marker, Cwd: dir})
 	var apiErr *client.Error
 	if !errors.As(err, &apiErr) || apiErr.Status != 503 {
 		t.Fatalf("start with NATS down: %v, want a 503", err)
 	}
 	jobs, err := c.Jobs(t.Context(), client.JobsQuery{})
-	if err != nil || len(jobs) != 1 {
+	if err != nil || len(jobs) != 2 {
 		t.Fatalf("jobs %+v, %v", jobs, err)
 	}
 	n.start()
@@ -253,8 +278,15 @@ func TestNATSOutage(t *testing.T) {
 	}
 	// Not even queued: the work stream only ever held the second job. (A refused start queued after
 	// all is mostly killed by the coordinator once its runner announces it, but it may have run.)
-	if seq := n.lastSeq(proto.WorkStream); seq != 1 {
-		t.Fatalf("the work stream stored %d messages, want only the second job's", seq)
+	if seq := n.lastSeq(proto.WorkStream); seq != 2 {
+		t.Fatalf("the work stream stored %d messages, want the two started jobs' only", seq)
+	}
+	if j := waitStatus(t, c, through.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
+		t.Fatalf("the job that ran through the outage: %+v", j)
+	}
+	var out strings.Builder
+	if err := c.Follow(t.Context(), through.Job.ID, 0, &out); err != nil || out.String() != "before\nafter\n" {
+		t.Fatalf("output of the job that ran through the outage: %q, %v", out.String(), err)
 	}
 	j, err := c.Job(t.Context(), jobs[0].ID)
 	if err != nil || j.Status == "running" || !ended(j) {
@@ -284,10 +316,11 @@ func TestStartBeforeNATS(t *testing.T) {
 	}
 	n.start()
 	var c *client.Client
+	var addr string
 	select {
 	case line := <-coord.out.first:
 		_, rest, _ := strings.Cut(line, "API ")
-		addr, _, _ := strings.Cut(rest, ",")
+		addr, _, _ = strings.Cut(rest, ",")
 		c = client.New(addr, "")
 	case <-time.After(30 * time.Second):
 		t.Fatal("the coordinator did not start once NATS was up")
@@ -298,6 +331,19 @@ func TestStartBeforeNATS(t *testing.T) {
 	got := waitRunner(t, c, "early")
 	if len(got.Labels) != 2 || got.Labels["zone"] != "a" || got.Labels["disk"] != "ssd" {
 		t.Fatalf("labels %v", got.Labels)
+	}
+	var table strings.Builder
+	env := func(k string) string {
+		if k == "SBX_ADDR" {
+			return addr
+		}
+		return ""
+	}
+	if err := run(t.Context(), []string{"runners"}, env, &table, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "disk=ssd,zone=a") || !strings.Contains(table.String(), "ready") {
+		t.Fatalf("sbx runners:\n%s", table.String())
 	}
 	dir := t.TempDir()
 	res, err := c.Start(t.Context(), client.StartRequest{Command: "echo up > out", Cwd: dir})
@@ -569,10 +615,11 @@ func TestAmbiguousPublish(t *testing.T) {
 		_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + filepath.Join(dir, name), Cwd: dir})
 		return err
 	}
-	// Wait until the coordinator is ready to queue work (its first start succeeds; no runner yet).
-	for deadline := time.Now().Add(30 * time.Second); start("ready") != nil; {
+	// Wait until the coordinator is ready to queue work (its first start succeeds; no runner yet) and
+	// consumes events: its start-up talks to NATS, which the stall would break.
+	for deadline := time.Now().Add(30 * time.Second); start("ready") != nil || !n.hasConsumer(proto.EventStream, proto.EventConsumer); {
 		if time.Now().After(deadline) {
-			t.Fatal("the coordinator never queued a job")
+			t.Fatal("the coordinator never got ready")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -635,5 +682,69 @@ func TestAmbiguousPublish(t *testing.T) {
 		if j.Status == "running" || j.Status == "queued" {
 			t.Errorf("job %s (%s) is %s", j.ID, j.Command, j.Status)
 		}
+	}
+}
+
+// TestCoordinatorCutOff: when the coordinator is the one cut off, the runners' silence it hears is
+// no evidence: no job is marked lost, and none is killed when the link comes back.
+func TestCoordinatorCutOff(t *testing.T) {
+	n := newRestartableNATS(t, true)
+	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	_, c := startFleetCoordinator(t, proxy.url(), "--runner-deadline", "2s")
+	startFleetRunner(t, n.url(), "healthy", "--runner-deadline", "2s")
+	waitRunner(t, c, "healthy")
+	id, pid := startSpinner(t, c)
+
+	proxy.stall()
+	time.Sleep(5 * time.Second) // past the deadline, short of the client's own stale-link detection
+	proxy.resume()
+	time.Sleep(3 * time.Second) // the link is back: what would be marked lost now, and killed
+	j, err := c.Job(t.Context(), id)
+	if err != nil || j.Status != "running" {
+		t.Fatalf("job %+v, %v after the coordinator's own link was cut; want still running", j, err)
+	}
+	if !processAlive(pid) {
+		t.Fatal("the job was killed")
+	}
+}
+
+// TestJetStreamLate: a coordinator and a runner that reach NATS before JetStream answers wait for it,
+// saying so, rather than exit.
+func TestJetStreamLate(t *testing.T) {
+	n := newRestartableNATS(t, false)
+	n.startWith(false)
+	r := startFleetRunner(t, n.url(), "patient")
+	coord := startPart(t, "coordinator", "--nats", n.url(), "--listen", "127.0.0.1:0", "--data", t.TempDir())
+	for deadline := time.Now().Add(20 * time.Second); !coord.logged("waiting for JetStream") || !r.logged("waiting for JetStream"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the coordinator and the runner did not say they wait for JetStream")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-coord.done:
+		t.Fatalf("the coordinator exited: %v", err)
+	case err := <-r.done:
+		t.Fatalf("the runner exited: %v", err)
+	default:
+	}
+	n.stop()
+	n.start()
+	var c *client.Client
+	select {
+	case line := <-coord.out.first:
+		_, rest, _ := strings.Cut(line, "API ")
+		addr, _, _ := strings.Cut(rest, ",")
+		c = client.New(addr, "")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the coordinator did not start once JetStream was up")
+	}
+	waitRunner(t, c, "patient")
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "true", Cwd: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := waitStatus(t, c, res.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
+		t.Fatalf("job %+v", j)
 	}
 }

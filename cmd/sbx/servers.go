@@ -593,8 +593,8 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 		return err
 	}
 	defer terms.Close()
-	bus, err := natsbus.New(ctx, nc, natsbus.Config{Logger: log})
-	if err != nil {
+	bus, err := newBus(ctx, nc, log)
+	if err != nil || bus == nil {
 		return err
 	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
@@ -626,6 +626,36 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	})
 	ready()
 	return g.Wait()
+}
+
+// newBus makes the coordinator's streams, waiting while JetStream cannot answer yet (a server just
+// started, a cluster electing its leader) and saying so every dialNotice. It returns a nil Bus and no
+// error when ctx ends first.
+func newBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*natsbus.Bus, error) {
+	var said time.Time
+	for {
+		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		bus, err := natsbus.New(bctx, nc, natsbus.Config{Logger: log})
+		cancel()
+		if err == nil {
+			return bus, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		if !natsbus.NotReady(err) {
+			return nil, err
+		}
+		if time.Since(said) >= dialNotice {
+			log.Warn("waiting for JetStream", "err", err)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(dialRetry):
+		}
+	}
 }
 
 // supervise runs part until ctx ends. A part that returns while ctx is live stopped by itself: that

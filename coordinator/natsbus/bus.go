@@ -83,6 +83,18 @@ type Bus struct {
 
 var _ coordinator.Dispatcher = (*Bus)(nil)
 
+// NotReady reports whether err, from New or a JetStream call, means JetStream cannot answer yet
+// (not enabled yet, a cluster still electing its leader, a link being re-established) rather than a
+// refusal: the caller may try again.
+func NotReady(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, nats.ErrReconnectBufExceeded) ||
+		errors.As(err, &apiErr) && apiErr.Code == 503
+}
+
 // New creates or updates the streams and returns a Bus.
 func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	cfg.setDefaults()
@@ -268,6 +280,12 @@ func (b *Bus) Withdraw(ctx context.Context, seq uint64) (bool, error) {
 		return false, fmt.Errorf("withdraw work %d: %w", seq, err)
 	}
 	return true, nil
+}
+
+// CheckLink makes a round trip to NATS: the coordinator counts runners' silence only while it
+// succeeds.
+func (b *Bus) CheckLink(ctx context.Context) error {
+	return b.nc.FlushWithContext(ctx)
 }
 
 // Control sends a request to a runner and decodes its reply.
