@@ -137,7 +137,8 @@ func (s *Server) Open(ln net.Listener) {
 }
 
 // Close ends the waits and streams in progress, then shuts the server down gracefully: it returns
-// when every request has finished or ctx ends. It returns Serve's error, if Serve failed.
+// when every request has finished, or when ctx ends, after cutting the connections still open. It
+// returns Serve's error, if Serve failed.
 func (s *Server) Close(ctx context.Context) error {
 	s.cancel()
 	s.mu.Lock()
@@ -147,6 +148,12 @@ func (s *Server) Close(ctx context.Context) error {
 		return nil
 	}
 	err := srv.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// A handler that did not end with its request's context (a long-lived stream) holds the
+		// shutdown: past the grace its connection is cut, which is what stopping means.
+		s.log.Warn("http api: requests still open after the shutdown grace; closing their connections")
+		err = srv.Close()
+	}
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()

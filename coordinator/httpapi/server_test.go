@@ -552,3 +552,46 @@ func claimedChunk(svc *coordinator.Service, c *proto.Chunk) *proto.Chunk {
 	}
 	return c
 }
+
+// TestCloseCutsStuckHandlers: a mounted handler that ignores its request's context cannot hold
+// Close past its grace: the connection is cut and Close reports no error.
+func TestCloseCutsStuckHandlers(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	h.startOnly()
+	release := make(chan struct{})
+	defer close(release)
+	entered := make(chan struct{})
+	s := httpapi.NewServer(h.svc, httpapi.Config{Handlers: map[string]http.Handler{
+		"/stuck": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			close(entered)
+			<-release // ignores r.Context()
+		}),
+	}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Open(ln)
+	got := make(chan error, 1)
+	go func() {
+		resp, err := http.Get("http://" + ln.Addr().String() + "/stuck")
+		if err == nil {
+			resp.Body.Close()
+		}
+		got <- err
+	}()
+	<-entered
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("Close = %v, want the stuck connection cut and no error", err)
+	}
+	select {
+	case err := <-got:
+		if err == nil {
+			t.Error("the stuck request got an answer, want its connection cut")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stuck request's connection was not cut")
+	}
+}
