@@ -65,8 +65,8 @@ func (n *restartableNATS) startWith(jetStream bool) {
 	n.ns = ns
 }
 
-// msgs is the number of messages the stream holds now.
-func (n *restartableNATS) msgs(stream string) uint64 {
+// withJetStream calls f with a JetStream client of its own connection, closed when f returns.
+func (n *restartableNATS) withJetStream(f func(jetstream.JetStream)) {
 	n.t.Helper()
 	nc, err := nats.Connect(n.url())
 	if err != nil {
@@ -77,46 +77,34 @@ func (n *restartableNATS) msgs(stream string) uint64 {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	st, err := js.Stream(n.t.Context(), stream)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	return st.CachedInfo().State.Msgs
+	f(js)
 }
+
+// state is the stream's state now.
+func (n *restartableNATS) state(stream string) (state jetstream.StreamState) {
+	n.t.Helper()
+	n.withJetStream(func(js jetstream.JetStream) {
+		st, err := js.Stream(n.t.Context(), stream)
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		state = st.CachedInfo().State
+	})
+	return state
+}
+
+// msgs is the number of messages the stream holds now.
+func (n *restartableNATS) msgs(stream string) uint64 { return n.state(stream).Msgs }
+
+// lastSeq is the sequence of the last message the stream ever stored.
+func (n *restartableNATS) lastSeq(stream string) uint64 { return n.state(stream).LastSeq }
 
 // hasConsumer reports whether the stream has the durable consumer.
 func (n *restartableNATS) hasConsumer(stream, name string) bool {
 	n.t.Helper()
-	nc, err := nats.Connect(n.url())
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	_, err = js.Consumer(n.t.Context(), stream, name)
+	var err error
+	n.withJetStream(func(js jetstream.JetStream) { _, err = js.Consumer(n.t.Context(), stream, name) })
 	return err == nil
-}
-
-// lastSeq is the sequence of the last message the stream ever stored.
-func (n *restartableNATS) lastSeq(stream string) uint64 {
-	n.t.Helper()
-	nc, err := nats.Connect(n.url())
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	st, err := js.Stream(n.t.Context(), stream)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	return st.CachedInfo().State.LastSeq
 }
 
 func (n *restartableNATS) stop() {
