@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -132,14 +133,14 @@ func (e *env) start(req coordinator.StartRequest) string {
 
 func (e *env) event(ev *proto.Event) {
 	e.t.Helper()
-	if err := e.svc.HandleEvent(context.Background(), claimed(e.svc, ev)); err != nil {
+	if err := e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, ev)); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
 func (e *env) chunk(id string, off int64, data string) {
 	e.t.Helper()
-	if err := e.svc.HandleChunk(context.Background(), claimedChunk(e.svc, &proto.Chunk{JobID: id, Offset: off, Data: []byte(data)})); err != nil {
+	if err := e.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(e.svc, &proto.Chunk{JobID: id, Offset: off, Data: []byte(data)})); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -299,9 +300,9 @@ func TestObserved(t *testing.T) {
 			for {
 				jobs, _ := e.svc.Jobs(context.Background(), coordinator.JobFilter{})
 				if len(jobs) > 0 {
-					e.svc.HandleEvent(context.Background(), claimed(e.svc, event(proto.EventStarted, jobs[0].ID, e.clk.Now())))
+					e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, event(proto.EventStarted, jobs[0].ID, e.clk.Now())))
 					code := 1
-					e.svc.HandleEvent(context.Background(), claimed(e.svc, &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: jobs[0].ID, Runner: "r1", Time: e.clk.Now(), Reason: proto.ReasonExit, ExitCode: &code}))
+					e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: jobs[0].ID, Runner: "r1", Time: e.clk.Now(), Reason: proto.ReasonExit, ExitCode: &code}))
 					return
 				}
 				time.Sleep(time.Millisecond)
@@ -590,7 +591,7 @@ func TestMonitorStdoutOnly(t *testing.T) {
 	}
 	stderr := func(off int64, data string) {
 		t.Helper()
-		if err := e.svc.HandleChunk(t.Context(), claimedChunk(e.svc, &proto.Chunk{JobID: id, Offset: off, Data: []byte(data), Stderr: true})); err != nil {
+		if err := e.svc.HandleChunk(t.Context(), coordinatortest.ClaimedChunk(e.svc, &proto.Chunk{JobID: id, Offset: off, Data: []byte(data), Stderr: true})); err != nil {
 			t.Fatal(err)
 		}
 	}

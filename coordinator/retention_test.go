@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -28,17 +29,17 @@ func runJob(t *testing.T, svc *coordinator.Service, clk *clock, out string) stri
 		t.Fatal(err)
 	}
 	id := res.Job.ID
-	if err := svc.HandleEvent(ctx, claimed(svc, event(proto.EventStarted, id, clk.Now()))); err != nil {
+	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now()))); err != nil {
 		t.Fatal(err)
 	}
 	if out != "" {
-		if err := svc.HandleChunk(ctx, claimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte(out)})); err != nil {
+		if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte(out)})); err != nil {
 			t.Fatal(err)
 		}
 	}
 	code := 0
 	exit := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: clk.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: int64(len(out))}
-	if err := svc.HandleEvent(ctx, claimed(svc, exit)); err != nil {
+	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, exit)); err != nil {
 		t.Fatal(err)
 	}
 	return id
@@ -80,7 +81,7 @@ func TestRetentionAge(t *testing.T) {
 		t.Fatal(err)
 	}
 	running := res.Job.ID
-	if err := svc.HandleEvent(t.Context(), claimed(svc, event(proto.EventStarted, running, clk.Now()))); err != nil {
+	if err := svc.HandleEvent(t.Context(), coordinatortest.Claimed(svc, event(proto.EventStarted, running, clk.Now()))); err != nil {
 		t.Fatal(err)
 	}
 	var zero uint64

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -95,21 +96,21 @@ func TestLost(t *testing.T) {
 		{"runner restarted", func(svc *coordinator.Service, clk *clock, id string) {
 			boot := clk.Now()
 			svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
-			svc.HandleEvent(context.Background(), claimed(svc, event(proto.EventAccepted, id, clk.Now())))
-			svc.HandleEvent(context.Background(), claimed(svc, event(proto.EventStarted, id, clk.Now())))
+			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventAccepted, id, clk.Now())))
+			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
 			clk.advance(time.Second)
 			svc.HandleHeartbeat(heartbeat(clk.Now(), clk.Now()))
 		}},
 		{"runner silent", func(svc *coordinator.Service, clk *clock, id string) {
 			svc.HandleHeartbeat(heartbeat(clk.Now(), clk.Now()))
-			svc.HandleEvent(context.Background(), claimed(svc, event(proto.EventAccepted, id, clk.Now())))
-			svc.HandleEvent(context.Background(), claimed(svc, event(proto.EventStarted, id, clk.Now())))
+			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventAccepted, id, clk.Now())))
+			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
 			clk.advance(16 * time.Second)
 		}},
 		{"never started", func(svc *coordinator.Service, clk *clock, id string) {
 			boot := clk.Now()
 			svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
-			svc.HandleEvent(context.Background(), claimed(svc, event(proto.EventAccepted, id, clk.Now())))
+			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventAccepted, id, clk.Now())))
 			for range 7 { // the runner keeps beating, but the start never comes
 				clk.advance(10 * time.Second)
 				svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
@@ -140,8 +141,8 @@ func TestExitWaitsForOutput(t *testing.T) {
 	ctx := t.Context()
 	res, _ := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
 	id := res.Job.ID
-	svc.HandleEvent(ctx, claimed(svc, event(proto.EventStarted, id, clk.Now())))
-	if err := svc.HandleChunk(ctx, claimedChunk(svc, &proto.Chunk{JobID: id, Offset: 3, Data: []byte("def")})); err != nil {
+	svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
+	if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 3, Data: []byte("def")})); err != nil {
 		t.Fatal(err)
 	}
 	if j, _ := svc.Job(ctx, id); j.OutputBytes != 0 {
@@ -149,13 +150,13 @@ func TestExitWaitsForOutput(t *testing.T) {
 	}
 	code := 0
 	exit := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: clk.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: 6}
-	if err := svc.HandleEvent(ctx, claimed(svc, exit)); !errors.Is(err, coordinator.ErrNotReady) {
+	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, exit)); !errors.Is(err, coordinator.ErrNotReady) {
 		t.Fatalf("exit before the output is whole: %v, want ErrNotReady", err)
 	}
-	if err := svc.HandleChunk(ctx, claimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("abc")})); err != nil {
+	if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("abc")})); err != nil {
 		t.Fatal(err)
 	}
-	if err := svc.HandleEvent(ctx, claimed(svc, exit)); err != nil {
+	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, exit)); err != nil {
 		t.Fatal(err)
 	}
 	j, _ := svc.Job(ctx, id)
@@ -171,12 +172,12 @@ func TestWaitPatternAcrossChunks(t *testing.T) {
 	ctx := t.Context()
 	res, _ := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
 	id := res.Job.ID
-	svc.HandleEvent(ctx, claimed(svc, event(proto.EventStarted, id, clk.Now())))
+	svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
 	re := regexp.MustCompile(`(?m)^ready on port \d+$`)
 	go func() {
-		svc.HandleChunk(ctx, claimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("booting\nready on po")}))
+		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("booting\nready on po")}))
 		time.Sleep(20 * time.Millisecond)
-		svc.HandleChunk(ctx, claimedChunk(svc, &proto.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")}))
+		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")}))
 	}()
 	w, err := svc.Wait(ctx, id, 5*time.Second, re)
 	if err != nil || !w.PatternMatched || w.Done || w.Matched != "ready on port 8080" || w.MatchedOffset != 8 {
@@ -222,29 +223,10 @@ func TestQueuedReason(t *testing.T) {
 	}
 	hb.Running = 2
 	svc.HandleHeartbeat(hb)
-	if err := svc.HandleEvent(t.Context(), claimed(svc, event(proto.EventAccepted, id, clk.Now()))); err != nil {
+	if err := svc.HandleEvent(t.Context(), coordinatortest.Claimed(svc, event(proto.EventAccepted, id, clk.Now()))); err != nil {
 		t.Fatal(err)
 	}
 	if r := reason(); r != "" {
 		t.Errorf("taken: %q, want none", r)
 	}
-}
-
-// claimed fills in the claim of e's job, as its runner would: it learnt it from the work.
-func claimed(svc *coordinator.Service, e *proto.Event) *proto.Event {
-	if j, err := svc.Job(context.Background(), e.JobID); err == nil {
-		e.Claim = j.Claim
-	}
-	return e
-}
-
-// claimedChunk fills in the claim of c's job and, when unset, runner r1, as a runner's chunk has them.
-func claimedChunk(svc *coordinator.Service, c *proto.Chunk) *proto.Chunk {
-	if j, err := svc.Job(context.Background(), c.JobID); err == nil {
-		c.Claim = j.Claim
-	}
-	if c.Runner == "" {
-		c.Runner = "r1"
-	}
-	return c
 }

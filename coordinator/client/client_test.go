@@ -15,6 +15,7 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
@@ -43,7 +44,7 @@ func (d *fakeDispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, err
 func (d *fakeDispatcher) Withdraw(context.Context, uint64) (bool, error) { return true, nil }
 
 func (d *fakeDispatcher) Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error) {
-	err := d.svc.HandleEvent(ctx, claimed(d.svc, &proto.Event{
+	err := d.svc.HandleEvent(ctx, coordinatortest.Claimed(d.svc, &proto.Event{
 		V: proto.Version, Kind: proto.EventExited, JobID: c.JobID, Runner: runner, Time: time.Now(), Reason: proto.ReasonKilled,
 	}))
 	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, err
@@ -97,7 +98,7 @@ func newHarness(t *testing.T, token string) *harness {
 func (h *harness) event(e *proto.Event) {
 	h.t.Helper()
 	e.V, e.Runner, e.Time = proto.Version, "r1", time.Now()
-	if err := h.svc.HandleEvent(context.Background(), claimed(h.svc, e)); err != nil {
+	if err := h.svc.HandleEvent(context.Background(), coordinatortest.Claimed(h.svc, e)); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -109,7 +110,7 @@ func (h *harness) begin(id string) {
 
 func (h *harness) output(id string, offset int64, data string) {
 	h.t.Helper()
-	if err := h.svc.HandleChunk(context.Background(), claimedChunk(h.svc, &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
+	if err := h.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(h.svc, &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -413,23 +414,4 @@ func TestFromEnv(t *testing.T) {
 			}
 		})
 	}
-}
-
-// claimed fills in the claim of e's job, as its runner would: it learnt it from the work.
-func claimed(svc *coordinator.Service, e *proto.Event) *proto.Event {
-	if j, err := svc.Job(context.Background(), e.JobID); err == nil {
-		e.Claim = j.Claim
-	}
-	return e
-}
-
-// claimedChunk fills in the claim of c's job and, when unset, runner r1, as a runner's chunk has them.
-func claimedChunk(svc *coordinator.Service, c *proto.Chunk) *proto.Chunk {
-	if j, err := svc.Job(context.Background(), c.JobID); err == nil {
-		c.Claim = j.Claim
-	}
-	if c.Runner == "" {
-		c.Runner = "r1"
-	}
-	return c
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
@@ -126,7 +127,7 @@ func (h *harness) event(e *proto.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	if err := h.svc.HandleEvent(context.Background(), claimed(h.svc, e)); err != nil {
+	if err := h.svc.HandleEvent(context.Background(), coordinatortest.Claimed(h.svc, e)); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -140,7 +141,7 @@ func (h *harness) begin(id string) {
 // output appends data at offset.
 func (h *harness) output(id string, offset int64, data string) {
 	h.t.Helper()
-	if err := h.svc.HandleChunk(context.Background(), claimedChunk(h.svc, &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
+	if err := h.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(h.svc, &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
 		h.t.Error(err)
 	}
 }
@@ -532,25 +533,6 @@ func TestServe(t *testing.T) {
 			}
 		})
 	}
-}
-
-// claimed fills in the claim of e's job, as its runner would: it learnt it from the work.
-func claimed(svc *coordinator.Service, e *proto.Event) *proto.Event {
-	if j, err := svc.Job(context.Background(), e.JobID); err == nil {
-		e.Claim = j.Claim
-	}
-	return e
-}
-
-// claimedChunk fills in the claim of c's job and, when unset, runner r1, as a runner's chunk has them.
-func claimedChunk(svc *coordinator.Service, c *proto.Chunk) *proto.Chunk {
-	if j, err := svc.Job(context.Background(), c.JobID); err == nil {
-		c.Claim = j.Claim
-	}
-	if c.Runner == "" {
-		c.Runner = "r1"
-	}
-	return c
 }
 
 // TestCloseCutsStuckHandlers: a mounted handler that ignores its request's context cannot hold

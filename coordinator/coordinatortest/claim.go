@@ -1,0 +1,29 @@
+// Package coordinatortest helps the tests of the coordinator and of its adapters play a runner's
+// part against a real *coordinator.Service.
+package coordinatortest
+
+import (
+	"context"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Claimed fills in the claim of e's job, as its runner would: it learnt it from the work.
+func Claimed(svc *coordinator.Service, e *proto.Event) *proto.Event {
+	if j, err := svc.Job(context.Background(), e.JobID); err == nil {
+		e.Claim = j.Claim
+	}
+	return e
+}
+
+// ClaimedChunk fills in the claim of c's job and, when unset, runner r1, as a runner's chunk has them.
+func ClaimedChunk(svc *coordinator.Service, c *proto.Chunk) *proto.Chunk {
+	if j, err := svc.Job(context.Background(), c.JobID); err == nil {
+		c.Claim = j.Claim
+	}
+	if c.Runner == "" {
+		c.Runner = "r1"
+	}
+	return c
+}
