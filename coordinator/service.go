@@ -121,11 +121,10 @@ type Service struct {
 	// outputTotal is the output of the ended jobs in the store, for RetainBytes.
 	outputTotal int64
 
-	// strays are the kill requests sent to runners in the background (stopStray); Run waits for them.
+	// strays are the kill requests sent to runners in the background (stopStrayLocked); Run waits for them.
 	strays sync.WaitGroup
-	// fencing are the jobs a kill request was sent for because their runner still runs them while
-	// the coordinator has them ended (see fence.go); one request at a time per job.
-	fencing map[string]bool
+	// stopping are the jobs a stray kill request is in flight for (stopStrayLocked): one at a time per job.
+	stopping map[string]bool
 	// linkUp is since when the coordinator's own link has been up without a break (checkLink);
 	// zero while it is down or not yet checked.
 	linkUp time.Time
@@ -227,7 +226,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
-		fencing:      map[string]bool{},
+		stopping:     map[string]bool{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
@@ -703,7 +702,7 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 		// An ended or unknown job. A start after the end (killed while being taken, or lost and
 		// then found) must not leave a process running.
 		if e.Kind == proto.EventAccepted || e.Kind == proto.EventStarted {
-			s.stopStray(e.Runner, e.JobID)
+			s.stopStrayLocked(e.Runner, e.JobID)
 		}
 		return nil
 	}
@@ -815,16 +814,28 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	return nil
 }
 
-// stopStray asks a runner, in the background, to kill a job the coordinator already considers ended
-// (or a monitor it stopped). Run waits for these requests when it returns.
-func (s *Service) stopStray(runner, id string) {
+// stopStrayLocked asks a runner, in the background, to kill a job the coordinator already considers
+// ended (or a monitor it stopped, or one fenced: fence.go). A job with a request in flight gets no
+// second one. Run waits for these requests when it returns. s.mu is held.
+func (s *Service) stopStrayLocked(runner, id string) {
+	if s.stopping[id] {
+		return
+	}
+	s.stopping[id] = true
 	s.strays.Add(1)
 	go func() {
 		defer s.strays.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if _, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpKill, JobID: id}); err != nil {
+		reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpKill, JobID: id})
+		s.mu.Lock()
+		delete(s.stopping, id)
+		s.mu.Unlock()
+		switch {
+		case err != nil:
 			s.cfg.Logger.Warn("stop stray job", "job", id, "runner", runner, "err", err)
+		case reply.Code == proto.ReplyOK:
+			s.cfg.Logger.Info("stopped stray job", "job", id, "runner", runner)
 		}
 	}()
 }
@@ -909,7 +920,7 @@ func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, 
 	}
 	if l.watch.monStopped && !l.watch.monKillAsked && l.job.Runner != "" {
 		l.watch.monKillAsked = true
-		s.stopStray(l.job.Runner, l.job.ID)
+		s.stopStrayLocked(l.job.Runner, l.job.ID)
 	}
 	return nil
 }
