@@ -341,7 +341,9 @@ func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Con
 }
 
 // jetStreamNotReady reports whether err means JetStream cannot answer yet (not enabled yet, a
-// cluster electing its leader, the link being re-established) rather than a refusal.
+// cluster electing its leader, the link being re-established) rather than a refusal. It is the twin
+// of natsbus.NotReady, which the runner may not import (the halves share only proto): keep the two
+// in step.
 func jetStreamNotReady(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||

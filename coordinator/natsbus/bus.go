@@ -85,7 +85,7 @@ var _ coordinator.Dispatcher = (*Bus)(nil)
 
 // NotReady reports whether err, from New or a JetStream call, means JetStream cannot answer yet
 // (not enabled yet, a cluster still electing its leader, a link being re-established) rather than a
-// refusal: the caller may try again.
+// refusal: the caller may try again. runner's jetStreamNotReady is its twin: keep the two in step.
 func NotReady(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||
