@@ -5,7 +5,7 @@ GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PKGS := bubblewrap libseccomp-dev gcc libc6-dev pkg-config python3 git
 
-.PHONY: run test bench build deps vet fmt-check images fleet
+.PHONY: run test bench build deps vet fmt-check tidy-check images fleet
 
 # COMPOSE is the Compose CLI this machine has: the docker plugin, else the standalone docker-compose.
 COMPOSE := $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
@@ -16,7 +16,7 @@ build:
 run: deps build
 	./bin/sbx serve
 
-test: deps fmt-check vet
+test: deps fmt-check tidy-check vet
 	$(GO) test -race -count=1 -timeout 40m ./...
 
 # bench prints each figure beside its baseline, measured in the same run: run-to-exit against a bare
@@ -37,6 +37,10 @@ fleet: images
 
 vet:
 	$(GO) vet ./...
+
+# tidy-check fails when go.mod or go.sum would change under `go mod tidy`.
+tidy-check:
+	$(GO) mod tidy -diff
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
