@@ -23,7 +23,10 @@ test: deps fmt-check tidy-check vet
 # (.ci/cgroup2-guest), for hosts on v1/hybrid; a v2 host already ran them in `make test`.
 test-v2: deps
 	@if [ -e /sys/fs/cgroup/cgroup.controllers ]; then echo "test-v2: this host is on cgroup v2: make test ran them"; \
-	else $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends qemu-system-x86 debootstrap e2fsprogs >/dev/null && .ci/cgroup2-guest; fi
+	else \
+		command -v qemu-system-x86_64 >/dev/null && command -v debootstrap >/dev/null && command -v mkfs.ext4 >/dev/null || \
+		{ $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends qemu-system-x86 debootstrap e2fsprogs; }; \
+		.ci/cgroup2-guest; fi
 
 # bench prints each figure beside its baseline, measured in the same run: run-to-exit against a bare
 # `sh -c true`, readonly against a bare bwrap with the same arguments, and output throughput.
