@@ -73,6 +73,9 @@ type coordinatorFlags struct {
 	retainAge               time.Duration
 	retainBytes             string
 	mcpMaxBlock             time.Duration
+
+	// maxConns and maxConnsPerClient bound the API's connections (httpapi.Config.MaxConns).
+	maxConns, maxConnsPerClient int
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -88,6 +91,8 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
+	fs.IntVar(&c.maxConns, "max-conns", httpapi.DefaultMaxConns, "most HTTP connections open at a time; more are closed on accept")
+	fs.IntVar(&c.maxConnsPerClient, "max-conns-per-client", httpapi.DefaultMaxConnsPerClient, "most HTTP connections open at a time from one client IP")
 }
 
 // api is the HTTP API's listener and its server's settings. It is opened before anything else
@@ -121,7 +126,11 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := httpapi.Config{Token: token, Logger: log, Version: version, AllowedHosts: cf.allowHosts}
+	if cf.maxConns <= 0 || cf.maxConnsPerClient <= 0 {
+		return nil, usageError("--max-conns and --max-conns-per-client must be positive")
+	}
+	cfg := httpapi.Config{Token: token, Logger: log, Version: version, AllowedHosts: cf.allowHosts,
+		MaxConns: cf.maxConns, MaxConnsPerClient: cf.maxConnsPerClient}
 	if token == "" && slices.Contains(cf.allowHosts, httpapi.AnyHost) {
 		return nil, usageError("--allow-host '*' needs --token-file: without a token, the Host check is what keeps web pages out (DNS rebinding)")
 	}

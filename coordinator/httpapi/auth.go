@@ -14,13 +14,21 @@ var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": t
 
 // authenticate requires the bearer token on every call but the open paths when a token is
 // configured. It fails closed: unknown paths need the token too, so they reveal nothing.
+//
+// A call without the token is answered on a connection that then closes (Connection: close): only
+// token holders keep connections alive, so that idle keep-alives of probes and strangers do not
+// hold the server's connections (and file descriptors) for IdleTimeout.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	if s.cfg.Token == "" {
 		return next
 	}
 	want := []byte("Bearer " + s.cfg.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !openPaths[r.URL.Path] && !slices.Contains(s.cfg.OwnCredential, r.URL.Path) && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		authed := subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1
+		if !authed {
+			w.Header().Set("Connection", "close")
+		}
+		if !openPaths[r.URL.Path] && !slices.Contains(s.cfg.OwnCredential, r.URL.Path) && !authed {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)
 			s.writeError(w, r, coordinator.Errorf(coordinator.EUNAUTHORIZED,
 				"This call needs the header Authorization: Bearer TOKEN with the coordinator's token (SBX_TOKEN)."))

@@ -119,6 +119,17 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(&b, "sbx_http_requests_total{code=\"%s\"} %d\n", strconv.Itoa(k), codes[k])
 	}
 
+	s.mu.Lock()
+	conns := s.conns
+	s.mu.Unlock()
+	if conns != nil {
+		open, refused := conns.counts()
+		metric("sbx_http_connections", "gauge", "HTTP connections open.")
+		fmt.Fprintf(&b, "sbx_http_connections %d\n", open)
+		metric("sbx_http_connections_refused_total", "counter", "HTTP connections closed on accept: past --max-conns or --max-conns-per-client.")
+		fmt.Fprintf(&b, "sbx_http_connections_refused_total %d\n", refused)
+	}
+
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	_, _ = w.Write(b.Bytes())
 }

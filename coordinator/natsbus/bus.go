@@ -133,10 +133,25 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	return &Bus{cfg: cfg, nc: nc, js: js, work: work, events: events, ensured: map[string]time.Time{}}, nil
 }
 
-// Ready reports whether the NATS connection is up.
-func (b *Bus) Ready(context.Context) error {
+// Ready reports whether jobs can be submitted: the NATS connection is up, JetStream answers and is
+// enabled for the account (a server whose storage failed, for instance on "too many open files",
+// disables it while the connection stays up), both streams answer, and the work stream has room.
+func (b *Bus) Ready(ctx context.Context) error {
 	if !b.nc.IsConnected() {
-		return coordinator.Errorf(coordinator.EUNAVAILABLE, "NATS is not connected (%s).", b.nc.Status())
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "NATS is not connected (%s)", b.nc.Status())
+	}
+	if _, err := b.js.AccountInfo(ctx); err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "JetStream is not usable: %v", err)
+	}
+	work, err := b.work.Info(ctx)
+	if err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the work stream %s does not answer: %v", proto.WorkStream, err)
+	}
+	if max := work.Config.MaxMsgs; max > 0 && int64(work.State.Msgs) >= max {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the work stream %s is full (%d queued jobs): no job can be submitted", proto.WorkStream, work.State.Msgs)
+	}
+	if _, err := b.events.Info(ctx); err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the event stream %s does not answer: %v", proto.EventStream, err)
 	}
 	return nil
 }

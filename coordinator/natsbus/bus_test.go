@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -524,5 +525,59 @@ func TestCrashRecovery(t *testing.T) {
 	t.Logf("the job ended %s after the coordinator restarted", took)
 	if took > 5*time.Second {
 		t.Fatalf("the job ended %s after the restart, want under 5 s", took)
+	}
+}
+
+// TestReadyChecksJetStream: Ready fails while the connection is up but jobs cannot be submitted:
+// JetStream disabled (as a server does when its storage fails: "too many open files"), or the work
+// stream gone. It once checked the connection alone, and /readyz said ok while no job could start.
+func TestReadyChecksJetStream(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		breakIt func(t *testing.T, ns *server.Server, js jetstream.JetStream)
+		want    string
+	}{
+		{"jetstream disabled", func(t *testing.T, ns *server.Server, _ jetstream.JetStream) {
+			if err := ns.DisableJetStream(); err != nil {
+				t.Fatal(err)
+			}
+		}, "JetStream is not usable"},
+		{"work stream gone", func(t *testing.T, _ *server.Server, js jetstream.JetStream) {
+			if err := js.DeleteStream(t.Context(), proto.WorkStream); err != nil {
+				t.Fatal(err)
+			}
+		}, "work stream"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns.Start()
+			t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+			if !ns.ReadyForConnections(10 * time.Second) {
+				t.Fatal("nats did not start")
+			}
+			nc, err := nats.Connect(ns.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			bus, err := New(t.Context(), nc, Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := bus.Ready(t.Context()); err != nil {
+				t.Fatalf("Ready on a working server: %v", err)
+			}
+			tt.breakIt(t, ns, bus.js)
+			err = bus.Ready(t.Context())
+			if !nc.IsConnected() {
+				t.Fatal("the connection dropped: the test checks a connected bus")
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Ready = %v, want an error naming %q", err, tt.want)
+			}
+		})
 	}
 }
