@@ -74,8 +74,10 @@ type coordinatorFlags struct {
 	retainBytes             string
 	mcpMaxBlock             time.Duration
 
-	// maxConns and maxConnsPerClient bound the API's connections (httpapi.Config.MaxConns).
+	// maxConns and maxConnsPerClient bound the API's connections (httpapi.Config.MaxConns);
+	// mcpSessions the sessions of /mcp.
 	maxConns, maxConnsPerClient int
+	mcpSessions                 mcpSessionLimits
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -93,6 +95,9 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
 	fs.IntVar(&c.maxConns, "max-conns", httpapi.DefaultMaxConns, "most HTTP connections open at a time; more are closed on accept")
 	fs.IntVar(&c.maxConnsPerClient, "max-conns-per-client", httpapi.DefaultMaxConnsPerClient, "most HTTP connections open at a time from one client IP")
+	fs.IntVar(&c.mcpSessions.Max, "mcp-max-sessions", mcpDefaultMaxSessions, "most /mcp sessions open at a time")
+	fs.IntVar(&c.mcpSessions.PerToken, "mcp-max-sessions-per-token", mcpDefaultMaxSessionsPerToken, "most /mcp sessions open at a time with one token")
+	fs.DurationVar(&c.mcpSessions.Idle, "mcp-session-idle", mcpDefaultSessionIdle, "how long a /mcp session may go without a request before it is closed")
 }
 
 // api is the HTTP API's listener and its server's settings. It is opened before anything else
@@ -128,6 +133,9 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	}
 	if cf.maxConns <= 0 || cf.maxConnsPerClient <= 0 {
 		return nil, usageError("--max-conns and --max-conns-per-client must be positive")
+	}
+	if cf.mcpSessions.Max <= 0 || cf.mcpSessions.PerToken <= 0 || cf.mcpSessions.Idle <= 0 {
+		return nil, usageError("--mcp-max-sessions, --mcp-max-sessions-per-token and --mcp-session-idle must be positive")
 	}
 	cfg := httpapi.Config{Token: token, Logger: log, Version: version, AllowedHosts: cf.allowHosts,
 		MaxConns: cf.maxConns, MaxConnsPerClient: cf.maxConnsPerClient}
@@ -614,7 +622,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	}
 	cfg := api.cfg
 	cfg.Ready = bus.Ready
-	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log})
+	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log}, cf.mcpSessions)
 	defer mcpHTTP.close()
 	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
 	for pattern, h := range api.cfg.Handlers {
