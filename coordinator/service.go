@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sbx-dev/sbx/proto"
@@ -128,6 +129,12 @@ type Service struct {
 	// linkUp is since when the coordinator's own link has been up without a break (checkLink);
 	// zero while it is down or not yet checked.
 	linkUp time.Time
+
+	// scans are the waits' output scanners by job and pattern (scan.go); scannedBytes counts the
+	// output they read, for Stats.
+	scanMu       sync.Mutex
+	scans        map[scanKey]*scanner
+	scannedBytes atomic.Int64
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -227,6 +234,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
 		stopping:     map[string]bool{},
+		scans:        map[scanKey]*scanner{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
@@ -451,7 +459,7 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 	defer timer.Stop()
 	var scan *scanner
 	if pattern != nil {
-		scan = &scanner{re: pattern}
+		scan = s.scanner(id, pattern)
 	}
 	for {
 		job, size, changed, err := s.watch(ctx, id)
@@ -459,7 +467,7 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 			return nil, err
 		}
 		if scan != nil {
-			m, err := scan.advance(s.out, id, size)
+			m, err := scan.advance(s.out, id, size, func(n int64) { s.scannedBytes.Add(n) })
 			if err != nil {
 				return nil, err
 			}
