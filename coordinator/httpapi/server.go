@@ -219,8 +219,13 @@ func (s *Server) routes() http.Handler {
 		mux.Handle(pattern, h)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// Any call carrying a session renews its lease.
+		// Any call carrying a session renews its lease; a session that is no session's id is
+		// refused on every route, as it is where a session is used.
 		if id := r.Header.Get("Sbx-Session"); id != "" {
+			if err := coordinator.CheckSession("Sbx-Session header", id); err != nil {
+				s.writeError(w, r, err)
+				return
+			}
 			s.svc.TouchSession(id)
 		}
 		if _, pattern := mux.Handler(r); pattern == "" || !cleanPath(r.URL.EscapedPath()) {
