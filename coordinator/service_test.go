@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,6 +58,12 @@ func newService(t *testing.T, clk *clock) *coordinator.Service {
 // newServiceWith runs a Service with cfg on a fresh store until the test ends.
 func newServiceWith(t *testing.T, cfg coordinator.Config) *coordinator.Service {
 	t.Helper()
+	return newServiceDisp(t, cfg, &dispatcher{})
+}
+
+// newServiceDisp is newServiceWith with the dispatcher d.
+func newServiceDisp(t *testing.T, cfg coordinator.Config, d *dispatcher) *coordinator.Service {
+	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(filepath.Join(dir, "sbx.db"))
 	if err != nil {
@@ -68,7 +75,7 @@ func newServiceWith(t *testing.T, cfg coordinator.Config) *coordinator.Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { terms.Close() })
-	svc, err := coordinator.New(t.Context(), cfg, db, terms, &dispatcher{})
+	svc, err := coordinator.New(t.Context(), cfg, db, terms, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,4 +319,87 @@ func TestWaitScansIncrementally(t *testing.T) {
 	if w := wait(`^line 0100000$`); !w.PatternMatched || w.MatchedOffset != 100_000*13 {
 		t.Fatalf("wait for a line past the first window: %+v", w)
 	}
+}
+
+// TestOutputBudget: the output of all jobs together is bounded. The job that writes past the budget
+// is stopped (reason output_limit) while the others go on, new jobs are refused with
+// output_budget_exhausted until retention frees room, and a data disk short of free space refuses
+// them with disk_low. Only per-job caps existed: 256 slots of 1 GiB each.
+func TestOutputBudget(t *testing.T) {
+	d := &dispatcher{}
+	svc := newServiceDisp(t, coordinator.Config{OutputBudget: 1000, RetainBytes: 100, RetentionInterval: 10 * time.Millisecond}, d)
+	ctx := t.Context()
+	start := func() (string, error) {
+		res, err := svc.Start(ctx, coordinator.StartRequest{Command: "yes", Cwd: "/"})
+		if err != nil {
+			return "", err
+		}
+		svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, res.Job.ID, time.Now())))
+		return res.Job.ID, nil
+	}
+	write := func(id string, off int, n int) {
+		t.Helper()
+		if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: int64(off), Data: make([]byte, n)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	killed := func(id string) bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for _, c := range d.controls {
+			if c.JobID == id && c.Op == proto.OpKill {
+				return true
+			}
+		}
+		return false
+	}
+	a, err := start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(a, 0, 600)
+	write(b, 0, 300)
+	write(b, 300, 200) // 1100 bytes in all: b wrote past the budget
+	deadline := time.Now().Add(10 * time.Second)
+	for !killed(b) {
+		if time.Now().After(deadline) {
+			t.Fatal("the job that wrote past the budget was not stopped")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if killed(a) {
+		t.Error("a job that wrote within the budget was stopped")
+	}
+	if _, err := start(); coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET {
+		t.Fatalf("a start past the budget: %v, want %s", err, coordinator.EOUTPUTBUDGET)
+	}
+	exit := event(proto.EventExited, b, time.Now())
+	exit.Reason, exit.OutputBytes = proto.ReasonKilled, 500
+	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, exit)); err != nil {
+		t.Fatal(err)
+	}
+	if j, _ := svc.Job(ctx, b); j.Reason != proto.ReasonOutputLimit || !strings.Contains(j.Error, "--output-budget") {
+		t.Errorf("the stopped job ended with reason %q, error %q; want output_limit naming the budget", j.Reason, j.Error)
+	}
+	// Retention removes b (past RetainBytes): 600 bytes remain, and jobs start again.
+	for {
+		if _, err := start(); err == nil {
+			break
+		} else if coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET || time.Now().After(deadline) {
+			t.Fatalf("start after retention freed room: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	t.Run("disk low", func(t *testing.T) {
+		svc := newServiceWith(t, coordinator.Config{MinFreeBytes: 1 << 62})
+		_, err := svc.Start(t.Context(), coordinator.StartRequest{Command: "true", Cwd: "/"})
+		if coordinator.ErrorCode(err) != coordinator.EDISKLOW || !strings.Contains(err.Error(), "--min-free-disk") {
+			t.Fatalf("start on a disk short of free space: %v, want %s", err, coordinator.EDISKLOW)
+		}
+	})
 }

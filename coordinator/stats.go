@@ -17,6 +17,8 @@ type Stats struct {
 	Forged map[string]int64
 	// ScannedBytes counts the output read to match waits' patterns.
 	ScannedBytes int64
+	// OutputLive is the output of the jobs not ended; with OutputStored, held to the output budget.
+	OutputLive int64
 }
 
 // Kinds of forged messages, for Stats.Forged.
@@ -46,5 +48,6 @@ func (s *Service) Stats() Stats {
 	st.OutputStored = s.outputTotal
 	st.Runners = len(s.runners)
 	st.ScannedBytes = s.scannedBytes.Load()
+	st.OutputLive = s.liveOutput
 	return st
 }

@@ -75,9 +75,10 @@ type coordinatorFlags struct {
 	mcpMaxBlock             time.Duration
 
 	// maxConns and maxConnsPerClient bound the API's connections (httpapi.Config.MaxConns);
-	// mcpSessions the sessions of /mcp.
+	// mcpSessions the sessions of /mcp; outputBudget and minFreeDisk the disk jobs' output uses.
 	maxConns, maxConnsPerClient int
 	mcpSessions                 mcpSessionLimits
+	outputBudget, minFreeDisk   string
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -98,6 +99,8 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.IntVar(&c.mcpSessions.Max, "mcp-max-sessions", mcpDefaultMaxSessions, "most /mcp sessions open at a time")
 	fs.IntVar(&c.mcpSessions.PerToken, "mcp-max-sessions-per-token", mcpDefaultMaxSessionsPerToken, "most /mcp sessions open at a time with one token")
 	fs.DurationVar(&c.mcpSessions.Idle, "mcp-session-idle", mcpDefaultSessionIdle, "how long a /mcp session may go without a request before it is closed")
+	fs.StringVar(&c.outputBudget, "output-budget", "20G", "most output stored for all jobs together, ended and running (above --retain-bytes); past it new jobs are refused and a job writing more is stopped")
+	fs.StringVar(&c.minFreeDisk, "min-free-disk", "1G", "free space the data directory's disk keeps; below it new jobs are refused (0: not checked)")
 }
 
 // api is the HTTP API's listener and its server's settings. It is opened before anything else
@@ -106,8 +109,10 @@ type api struct {
 	ln  net.Listener
 	cfg httpapi.Config
 	url string // http://ADDR or https://ADDR
-	// retainBytes is --retain-bytes, parsed.
-	retainBytes int64
+	// retainBytes is --retain-bytes, parsed; outputBudget and minFreeDisk --output-budget and
+	// --min-free-disk (-1: not checked).
+	retainBytes               int64
+	outputBudget, minFreeDisk int64
 }
 
 // openAPI checks the coordinator's flags, reads the token and the TLS certificate, listens, and makes
@@ -120,6 +125,17 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	retainBytes, err := parseBytes(cf.retainBytes)
 	if err != nil || retainBytes <= 0 {
 		return nil, usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
+	}
+	outputBudget, err := parseBytes(cf.outputBudget)
+	if err != nil || outputBudget <= retainBytes {
+		return nil, usageError("--output-budget %q must be a size like 20G, above --retain-bytes", cf.outputBudget)
+	}
+	minFreeDisk, err := parseBytes(cf.minFreeDisk)
+	if err != nil || minFreeDisk < 0 {
+		return nil, usageError("--min-free-disk %q must be a size like 1G, or 0", cf.minFreeDisk)
+	}
+	if minFreeDisk == 0 {
+		minFreeDisk = -1 // coordinator.Config: not checked
 	}
 	if cf.runnerDeadline <= 0 {
 		return nil, usageError("--runner-deadline must be positive")
@@ -171,7 +187,7 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if host, _, err := net.SplitHostPort(cf.listen); err == nil && host != "" && !addr.IP.IsUnspecified() {
 		cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 	}
-	return &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes}, nil
+	return &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes, outputBudget: outputBudget, minFreeDisk: minFreeDisk}, nil
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -616,6 +632,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
 		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
+		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk,
 	}, db, terms, bus)
 	if err != nil {
 		return err

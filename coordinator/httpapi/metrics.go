@@ -107,6 +107,8 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(&b, "sbx_output_stored_bytes %d\n", st.OutputStored)
 	metric("sbx_output_bytes_total", "counter", "Output bytes written to terminal files.")
 	fmt.Fprintf(&b, "sbx_output_bytes_total %d\n", st.OutputBytes)
+	metric("sbx_output_live_bytes", "gauge", "Output of the jobs not ended; with sbx_output_stored_bytes, held to --output-budget.")
+	fmt.Fprintf(&b, "sbx_output_live_bytes %d\n", st.OutputLive)
 	metric("sbx_wait_scanned_bytes_total", "counter", "Output bytes read to match waits' patterns.")
 	fmt.Fprintf(&b, "sbx_wait_scanned_bytes_total %d\n", st.ScannedBytes)
 
