@@ -81,8 +81,10 @@ func (m *mcpHTTP) close() { m.host.close() }
 
 // bearer is the request's bearer token, "" without one.
 func bearer(r *http.Request) string {
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return token
+	if token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return token
+	}
+	return ""
 }
 
 // server returns the MCP server of a new session: its client carries the token and the session

@@ -124,15 +124,15 @@ func (s *Server) handleJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
+	// Without a session, every session's jobs: for a scoped token, those of its scope.
+	f := coordinator.JobFilter{Status: coordinator.Status(q.Get("status")), Limit: int(limit), SessionPrefix: scopeOf(r.Context())}
 	if sess := q.Get("session"); sess != "" {
-		if err := coordinator.CheckSession("session", sess); err != nil {
+		if f.Session, err = session(r, sess); err != nil {
 			s.writeError(w, r, err)
 			return
 		}
 	}
-	jobs, err := s.svc.Jobs(r.Context(), coordinator.JobFilter{
-		Session: q.Get("session"), Status: coordinator.Status(q.Get("status")), Limit: int(limit),
-	})
+	jobs, err := s.svc.Jobs(r.Context(), f)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

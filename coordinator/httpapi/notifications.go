@@ -16,15 +16,23 @@ import (
 const streamKeepAlive = 15 * time.Second
 
 // session is the request's session: the query's or body's field (given), else the Sbx-Session
-// header, else default. Each is checked by coordinator.CheckSession, as a path's session id is.
+// header, else default (for a scoped token, its prefix). Each is checked by
+// coordinator.CheckSession, as a path's session id is, and held to the credential's scope.
 func session(r *http.Request, given string) (string, error) {
-	if given != "" {
-		return given, coordinator.CheckSession("session", given)
+	what, id := "session", given
+	switch h := r.Header.Get("Sbx-Session"); {
+	case given != "":
+	case h != "":
+		what, id = "Sbx-Session header", h
+	case scopeOf(r.Context()) != "":
+		return scopeOf(r.Context()), nil
+	default:
+		return coordinator.DefaultSession, nil
 	}
-	if h := r.Header.Get("Sbx-Session"); h != "" {
-		return h, coordinator.CheckSession("Sbx-Session header", h)
+	if err := coordinator.CheckSession(what, id); err != nil {
+		return "", err
 	}
-	return coordinator.DefaultSession, nil
+	return id, inScope(r, what, id)
 }
 
 // queryAfter parses the optional after parameter; nil when absent (the session's cursor).
@@ -216,6 +224,10 @@ func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := coordinator.CheckSession("id", b.ID); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := inScope(r, "id", b.ID); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

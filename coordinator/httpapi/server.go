@@ -222,7 +222,11 @@ func (s *Server) routes() http.Handler {
 		// Any call carrying a session renews its lease; a session that is no session's id is
 		// refused on every route, as it is where a session is used.
 		if id := r.Header.Get("Sbx-Session"); id != "" {
-			if err := coordinator.CheckSession("Sbx-Session header", id); err != nil {
+			err := coordinator.CheckSession("Sbx-Session header", id)
+			if err == nil {
+				err = inScope(r, "Sbx-Session header", id)
+			}
+			if err != nil {
 				s.writeError(w, r, err)
 				return
 			}
@@ -230,6 +234,10 @@ func (s *Server) routes() http.Handler {
 		}
 		if _, pattern := mux.Handler(r); pattern == "" || !cleanPath(r.URL.EscapedPath()) {
 			s.notFound(mux, w, r)
+			return
+		}
+		if err := s.checkPathScope(r); err != nil {
+			s.writeError(w, r, err)
 			return
 		}
 		mux.ServeHTTP(w, r)
