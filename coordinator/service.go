@@ -303,9 +303,10 @@ type freeSpacer interface {
 	FreeBytes() (int64, error)
 }
 
-// roomForJob returns why a new job may not start for lack of disk, or nil: the output stored for
-// all jobs reached OutputBudget, or the data disk has less than MinFreeBytes free.
-func (s *Service) roomForJob() error {
+// RoomForJob returns why a new job may not start for lack of disk, or nil: the output stored for
+// all jobs reached OutputBudget, or the data disk has less than MinFreeBytes free. Start checks
+// it; /readyz reports it.
+func (s *Service) RoomForJob() error {
 	s.mu.Lock()
 	used := s.outputTotal + s.liveOutput
 	s.mu.Unlock()
@@ -338,7 +339,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	if err := req.validate(s.cfg.CheckCwd, s.cfg.MinDebounce); err != nil {
 		return nil, err
 	}
-	if err := s.roomForJob(); err != nil {
+	if err := s.RoomForJob(); err != nil {
 		return nil, err
 	}
 	if req.Readonly {

@@ -23,8 +23,9 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, healthReply{Status: "ok", Version: s.cfg.Version})
 }
 
-// handleReadyz answers 200 when the dependencies are ready (Config.Ready: for sbx, that a job can
-// be submitted) and a runner is connected, else 503 naming what is missing.
+// handleReadyz answers 200 when a job can be submitted — the dependencies are ready (Config.Ready:
+// for sbx, NATS and JetStream), there is room for its output (Service.RoomForJob) — and a runner is
+// connected, else 503 naming what is missing.
 func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
@@ -40,6 +41,10 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, r, coordinator.Errorf(coordinator.EUNAVAILABLE, "Not ready: %s.", strings.TrimSuffix(msg, ".")))
 			return
 		}
+	}
+	if err := s.svc.RoomForJob(); err != nil {
+		s.writeError(w, r, coordinator.Errorf(coordinator.EUNAVAILABLE, "Not ready: %s", coordinator.ErrorMessage(err)))
+		return
 	}
 	if len(s.svc.Runners()) == 0 {
 		s.writeError(w, r, coordinator.Errorf(coordinator.EUNAVAILABLE, "Not ready: no runner is connected."))
