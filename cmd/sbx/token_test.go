@@ -89,3 +89,23 @@ func TestScopedTokenEndToEnd(t *testing.T) {
 		t.Errorf("the main token: %+v, %v", j, err)
 	}
 }
+
+// TestBoundFlags: the bounds' flags refuse nonsense with a usage error (exit 2) before anything
+// starts.
+func TestBoundFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--max-conns", "0"},
+		{"--max-conns-per-client", "-1"},
+		{"--mcp-max-sessions", "0"},
+		{"--mcp-max-sessions-per-token", "0"},
+		{"--mcp-session-idle", "0s"},
+		{"--output-budget", "5G"}, // not above --retain-bytes (10G)
+		{"--output-budget", "lots"},
+		{"--min-free-disk", "-1G"},
+	} {
+		full := append([]string{"coordinator", "--nats", "nats://127.0.0.1:1", "--listen", "127.0.0.1:0", "--data", t.TempDir()}, args...)
+		if err := run(t.Context(), full, os.Getenv, io.Discard, io.Discard); code(err) != 2 || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("sbx coordinator %s: exit %d (%v), want 2 naming %s", strings.Join(args, " "), code(err), err, args[0])
+		}
+	}
+}
