@@ -547,6 +547,14 @@ func TestReadyChecksJetStream(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "work stream"},
+		{"work stream refuses writes", func(t *testing.T, _ *server.Server, js jetstream.JetStream) {
+			// The stream answers every question about itself, but no job fits in it any more.
+			cfg := workStreamConfig(t, js)
+			cfg.MaxMsgSize = 16
+			if _, err := js.UpdateStream(t.Context(), cfg); err != nil {
+				t.Fatal(err)
+			}
+		}, "last job submission failed"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
@@ -570,7 +578,16 @@ func TestReadyChecksJetStream(t *testing.T) {
 			if err := bus.Ready(t.Context()); err != nil {
 				t.Fatalf("Ready on a working server: %v", err)
 			}
+			work := func(id string) *proto.Work {
+				return &proto.Work{V: proto.Version, JobID: id, Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"}
+			}
+			if _, err := bus.Dispatch(t.Context(), work("ok1")); err != nil {
+				t.Fatal(err)
+			}
 			tt.breakIt(t, ns, bus.js)
+			if _, err := bus.Dispatch(t.Context(), work("broken1")); err == nil {
+				t.Fatal("a job was queued on a broken server")
+			}
 			err = bus.Ready(t.Context())
 			if !nc.IsConnected() {
 				t.Fatal("the connection dropped: the test checks a connected bus")
@@ -578,6 +595,34 @@ func TestReadyChecksJetStream(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Ready = %v, want an error naming %q", err, tt.want)
 			}
+			if tt.name != "work stream refuses writes" {
+				return
+			}
+			// Repaired: the next job is queued, and Ready says so at once.
+			cfg := workStreamConfig(t, bus.js)
+			cfg.MaxMsgSize = proto.MaxMessageBytes
+			if _, err := bus.js.UpdateStream(t.Context(), cfg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := bus.Dispatch(t.Context(), work("ok2")); err != nil {
+				t.Fatal(err)
+			}
+			if err := bus.Ready(t.Context()); err != nil {
+				t.Fatalf("Ready after a job was queued again: %v", err)
+			}
 		})
 	}
+}
+
+func workStreamConfig(t *testing.T, js jetstream.JetStream) jetstream.StreamConfig {
+	t.Helper()
+	st, err := js.Stream(t.Context(), proto.WorkStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Config
 }
