@@ -18,20 +18,13 @@ import (
 )
 
 // decodeBody decodes the request's JSON body into v: one object, no unknown fields. readBody has
-// already read it, within MaxBodyBytes and the body timeout. An empty body is an error unless
+// already read it, within MaxBodyBytes and the body timeout, and checked it (checkJSON). An empty body is an error unless
 // optional. Errors name the problem the way a client can fix it: "body: unknown field "foo"",
 // "limits.pids must be a number".
 func decodeBody(r *http.Request, v any, optional bool) error {
-	body, err := io.ReadAll(r.Body) // in memory already (readBody)
-	if err != nil {
-		return invalid("body could not be read: %v.", err)
-	}
-	if err := checkJSON(body); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
+	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
-	err = dec.Decode(v)
+	err := dec.Decode(v)
 	if err == nil {
 		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 			return invalid("body: trailing data after the JSON object.")
