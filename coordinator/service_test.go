@@ -326,24 +326,28 @@ func TestWaitScansIncrementally(t *testing.T) {
 // output_budget_exhausted until retention frees room, and a data disk short of free space refuses
 // them with disk_low. Only per-job caps existed: 256 slots of 1 GiB each.
 func TestOutputBudget(t *testing.T) {
-	d := &dispatcher{}
-	svc := newServiceDisp(t, coordinator.Config{OutputBudget: 1000, RetainBytes: 100, RetentionInterval: 10 * time.Millisecond}, d)
-	ctx := t.Context()
-	start := func() (string, error) {
-		res, err := svc.Start(ctx, coordinator.StartRequest{Command: "yes", Cwd: "/"})
-		if err != nil {
-			return "", err
+	// open runs a service with the budget and returns its start and write helpers and its dispatcher.
+	open := func(t *testing.T, cfg coordinator.Config) (*coordinator.Service, func() (string, error), func(string, int, int), *dispatcher) {
+		d := &dispatcher{}
+		svc := newServiceDisp(t, cfg, d)
+		ctx := t.Context()
+		start := func() (string, error) {
+			res, err := svc.Start(ctx, coordinator.StartRequest{Command: "yes", Cwd: "/"})
+			if err != nil {
+				return "", err
+			}
+			svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, res.Job.ID, time.Now())))
+			return res.Job.ID, nil
 		}
-		svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, res.Job.ID, time.Now())))
-		return res.Job.ID, nil
-	}
-	write := func(id string, off int, n int) {
-		t.Helper()
-		if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: int64(off), Data: make([]byte, n)})); err != nil {
-			t.Fatal(err)
+		write := func(id string, off int, n int) {
+			t.Helper()
+			if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: int64(off), Data: make([]byte, n)})); err != nil {
+				t.Fatal(err)
+			}
 		}
+		return svc, start, write, d
 	}
-	killed := func(id string) bool {
+	killed := func(d *dispatcher, id string) bool {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		for _, c := range d.controls {
@@ -353,47 +357,69 @@ func TestOutputBudget(t *testing.T) {
 		}
 		return false
 	}
-	a, err := start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	write(a, 0, 600)
-	write(b, 0, 300)
-	write(b, 300, 200) // 1100 bytes in all: b wrote past the budget
-	deadline := time.Now().Add(10 * time.Second)
-	for !killed(b) {
-		if time.Now().After(deadline) {
-			t.Fatal("the job that wrote past the budget was not stopped")
+	exit := func(t *testing.T, svc *coordinator.Service, id string, size int64) {
+		t.Helper()
+		e := event(proto.EventExited, id, time.Now())
+		e.Reason, e.OutputBytes = proto.ReasonKilled, size
+		if err := svc.HandleEvent(t.Context(), coordinatortest.Claimed(svc, e)); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	if killed(a) {
-		t.Error("a job that wrote within the budget was stopped")
-	}
-	if _, err := start(); coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET {
-		t.Fatalf("a start past the budget: %v, want %s", err, coordinator.EOUTPUTBUDGET)
-	}
-	exit := event(proto.EventExited, b, time.Now())
-	exit.Reason, exit.OutputBytes = proto.ReasonKilled, 500
-	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, exit)); err != nil {
-		t.Fatal(err)
-	}
-	if j, _ := svc.Job(ctx, b); j.Reason != proto.ReasonOutputLimit || !strings.Contains(j.Error, "--output-budget") {
-		t.Errorf("the stopped job ended with reason %q, error %q; want output_limit naming the budget", j.Reason, j.Error)
-	}
-	// Retention removes b (past RetainBytes): 600 bytes remain, and jobs start again.
-	for {
-		if _, err := start(); err == nil {
-			break
-		} else if coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET || time.Now().After(deadline) {
-			t.Fatalf("start after retention freed room: %v", err)
+
+	t.Run("cut and refused", func(t *testing.T) {
+		svc, start, write, d := open(t, coordinator.Config{OutputBudget: 1000})
+		a, err := start()
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		b, err := start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(a, 0, 600)
+		write(b, 0, 300)
+		write(b, 300, 200) // 1100 bytes in all: b wrote past the budget
+		deadline := time.Now().Add(10 * time.Second)
+		for !killed(d, b) {
+			if time.Now().After(deadline) {
+				t.Fatal("the job that wrote past the budget was not stopped")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if killed(d, a) {
+			t.Error("a job that wrote within the budget was stopped")
+		}
+		if _, err := start(); coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET {
+			t.Fatalf("a start past the budget: %v, want %s", err, coordinator.EOUTPUTBUDGET)
+		}
+		exit(t, svc, b, 500)
+		if j, _ := svc.Job(t.Context(), b); j.Reason != proto.ReasonOutputLimit || !strings.Contains(j.Error, "--output-budget") {
+			t.Errorf("the stopped job ended with reason %q, error %q; want output_limit naming the budget", j.Reason, j.Error)
+		}
+		// Ended jobs' output counts too, until retention removes it.
+		if _, err := start(); coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET {
+			t.Fatalf("a start past the budget, the writer ended: %v, want %s", err, coordinator.EOUTPUTBUDGET)
+		}
+	})
+
+	t.Run("retention frees room", func(t *testing.T) {
+		svc, start, write, _ := open(t, coordinator.Config{OutputBudget: 1000, RetainBytes: 100, RetentionInterval: 10 * time.Millisecond})
+		a, err := start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(a, 0, 1100)
+		exit(t, svc, a, 1100)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, err := start(); err == nil {
+				break
+			} else if coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET || time.Now().After(deadline) {
+				t.Fatalf("start after retention freed room: %v", err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
 
 	t.Run("disk low", func(t *testing.T) {
 		svc := newServiceWith(t, coordinator.Config{MinFreeBytes: 1 << 62})
