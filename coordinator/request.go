@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -87,6 +88,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	if strings.IndexByte(r.Command, 0) >= 0 {
 		return Errorf(EINVALID, "command must not contain a NUL byte.")
 	}
+	if !utf8.ValidString(r.Command) {
+		return Errorf(EINVALID, "command is not valid UTF-8.")
+	}
 	if r.Cwd == "" {
 		return Errorf(EINVALID, "cwd is required: give the absolute directory the command runs in.")
 	}
@@ -101,6 +105,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	}
 	if len(r.Title) > proto.MaxTitleBytes {
 		return Errorf(EINVALID, "title is %d bytes; the limit is %d.", len(r.Title), proto.MaxTitleBytes)
+	}
+	if strings.IndexByte(r.Title, 0) >= 0 || !utf8.ValidString(r.Title) {
+		return Errorf(EINVALID, "title must be valid UTF-8 without a NUL byte.")
 	}
 	if r.Title == "" {
 		r.Title = DefaultTitle(r.Command)
@@ -126,8 +133,8 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	if r.Session == "" {
 		r.Session = "default"
 	}
-	if !proto.ValidToken(r.Session) {
-		return Errorf(EINVALID, "session %q must be 1-64 characters of letters, digits, '_' and '-'.", r.Session)
+	if err := validSession(r.Session); err != nil {
+		return err
 	}
 	if err := r.Limits.Validate(); err != nil {
 		return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))

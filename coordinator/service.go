@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sbx-dev/sbx/proto"
@@ -40,6 +41,15 @@ type Config struct {
 	MonitorWindow   time.Duration
 	// MonitorTimeout is a monitor's timeout unless it is persistent or sets its own (30 min).
 	MonitorTimeout time.Duration
+	// OutputBudget bounds the output stored for all jobs together, the ended ones kept and the
+	// running ones (DefaultOutputBudget): at it, new jobs are refused (EOUTPUTBUDGET) and a running
+	// job that writes more is stopped, ending with reason output_limit. It should exceed RetainBytes,
+	// which retention brings the ended jobs' output back under.
+	OutputBudget int64
+	// MinFreeBytes is the free space the data disk keeps (DefaultMinFreeBytes): below it new jobs
+	// are refused (EDISKLOW). Negative: not checked.
+	MinFreeBytes int64
+
 	// RetainAge is how long an ended job (its record and output) and a notification are kept (7 days);
 	// RetainBytes bounds the output of the ended jobs kept (10 GiB): past it the oldest go first.
 	// RetentionInterval is how often they are applied (1 min).
@@ -93,6 +103,12 @@ func (c *Config) setDefaults() {
 	if c.RetentionInterval == 0 {
 		c.RetentionInterval = time.Minute
 	}
+	if c.OutputBudget == 0 {
+		c.OutputBudget = DefaultOutputBudget
+	}
+	if c.MinFreeBytes == 0 {
+		c.MinFreeBytes = DefaultMinFreeBytes
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -118,8 +134,10 @@ type Service struct {
 	// notesChanged is closed and replaced whenever a notification is stored.
 	notesChanged chan struct{}
 	stats        Stats
-	// outputTotal is the output of the ended jobs in the store, for RetainBytes.
+	// outputTotal is the output of the ended jobs in the store, for RetainBytes; liveOutput that of
+	// the jobs not ended. Together they are held to OutputBudget.
 	outputTotal int64
+	liveOutput  int64
 
 	// strays are the kill requests sent to runners in the background (stopStrayLocked); Run waits for them.
 	strays sync.WaitGroup
@@ -128,6 +146,12 @@ type Service struct {
 	// linkUp is since when the coordinator's own link has been up without a break (checkLink);
 	// zero while it is down or not yet checked.
 	linkUp time.Time
+
+	// scans are the waits' output scanners by job and pattern (scan.go); scannedBytes counts the
+	// output they read, for Stats.
+	scanMu       sync.Mutex
+	scans        map[scanKey]*scanner
+	scannedBytes atomic.Int64
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -158,6 +182,9 @@ type liveJob struct {
 	lastGrowth    time.Time
 	stallChecked  bool
 	stallNotified bool
+	// budgetCut: the job was stopped because the output of all jobs reached OutputBudget; it ends
+	// with reason output_limit.
+	budgetCut bool
 }
 
 // span is a byte range [off, end) of a job's output.
@@ -227,6 +254,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
 		stopping:     map[string]bool{},
+		scans:        map[scanKey]*scanner{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
@@ -259,8 +287,44 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		// Output matching resumes at the end of what is on disk: what was before was matched in
 		// the earlier life.
 		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newWatch(j, &cfg), lastGrowth: now}
+		s.liveOutput += size
 	}
 	return s, nil
+}
+
+// Disk bounds by default (Config.OutputBudget, Config.MinFreeBytes).
+const (
+	DefaultOutputBudget = 20 << 30
+	DefaultMinFreeBytes = 1 << 30
+)
+
+// freeSpacer is implemented by an OutputStore that can tell the free space of its disk.
+type freeSpacer interface {
+	FreeBytes() (int64, error)
+}
+
+// RoomForJob returns why a new job may not start for lack of disk, or nil: the output stored for
+// all jobs reached OutputBudget, or the data disk has less than MinFreeBytes free. Start checks
+// it; /readyz reports it.
+func (s *Service) RoomForJob() error {
+	s.mu.Lock()
+	used := s.outputTotal + s.liveOutput
+	s.mu.Unlock()
+	if used >= s.cfg.OutputBudget {
+		return Errorf(EOUTPUTBUDGET, "The output stored for all jobs (%d bytes) reached the coordinator's budget of %d bytes (--output-budget): no job starts until running jobs end or retention removes ended ones (--retain-bytes, --retain-age).", used, s.cfg.OutputBudget)
+	}
+	fs, ok := s.out.(freeSpacer)
+	if !ok || s.cfg.MinFreeBytes < 0 {
+		return nil
+	}
+	free, err := fs.FreeBytes()
+	if err != nil {
+		return err
+	}
+	if free < s.cfg.MinFreeBytes {
+		return Errorf(EDISKLOW, "The coordinator's data disk has %d bytes free, less than the %d it keeps (--min-free-disk): no job starts until space is freed.", free, s.cfg.MinFreeBytes)
+	}
+	return nil
 }
 
 // StartResult is the reply to a start.
@@ -273,6 +337,9 @@ type StartResult struct {
 // Start validates the request, records the job, queues it and, when asked, waits for it to end.
 func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, error) {
 	if err := req.validate(s.cfg.CheckCwd, s.cfg.MinDebounce); err != nil {
+		return nil, err
+	}
+	if err := s.RoomForJob(); err != nil {
 		return nil, err
 	}
 	if req.Readonly {
@@ -451,7 +518,7 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 	defer timer.Stop()
 	var scan *scanner
 	if pattern != nil {
-		scan = &scanner{re: pattern}
+		scan = s.scanner(id, pattern)
 	}
 	for {
 		job, size, changed, err := s.watch(ctx, id)
@@ -459,7 +526,7 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 			return nil, err
 		}
 		if scan != nil {
-			m, err := scan.advance(s.out, id, size)
+			m, err := scan.advance(s.out, id, size, func(n int64) { s.scannedBytes.Add(n) })
 			if err != nil {
 				return nil, err
 			}
@@ -747,6 +814,10 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 		j.Error = e.Error
 		j.Usage = e.Usage
 		reason := e.Reason
+		if l.budgetCut {
+			reason = proto.ReasonOutputLimit // the runner says killed: the budget is why
+			j.Error = "Stopped: the output of all jobs reached the coordinator's budget (--output-budget)."
+		}
 		if l.sessionEnded {
 			reason = proto.ReasonSessionEnded // the runner says killed: the session is why
 		}
@@ -810,12 +881,13 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	delete(s.live, j.ID)
 	s.stats.JobsEnded[j.Status]++
 	s.outputTotal += j.OutputBytes
+	s.liveOutput -= l.size
 	l.notify()
 	return nil
 }
 
 // stopStrayLocked asks a runner, in the background, to kill a job the coordinator already considers
-// ended (or a monitor it stopped, or one fenced: fence.go). A job with a request in flight gets no
+// ended (or a monitor it stopped, one fenced: fence.go, one past the output budget). A job with a request in flight gets no
 // second one. Run waits for these requests when it returns. s.mu is held.
 func (s *Service) stopStrayLocked(runner, id string) {
 	if s.stopping[id] {
@@ -886,6 +958,13 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 		l.errSpans = append(l.errSpans, span{c.Offset, end})
 	}
 	if l.wrote(c.Offset, end) {
+		s.liveOutput += l.size - old
+		if s.outputTotal+s.liveOutput > s.cfg.OutputBudget && !l.budgetCut && l.job.Runner != "" {
+			// The job that writes past the budget is stopped; quiet jobs go on.
+			l.budgetCut = true
+			s.cfg.Logger.Warn("output budget reached: stopping the job writing", "job", l.job.ID, "budget", s.cfg.OutputBudget)
+			s.stopStrayLocked(l.job.Runner, l.job.ID)
+		}
 		l.lastGrowth, l.stallChecked = s.cfg.Now(), false
 		if err := s.watchOutputLocked(ctx, l, old, c); err != nil {
 			return err

@@ -61,6 +61,7 @@ Servers:
   coordinator  the coordinator, against an external NATS
   runner       a runner, against an external NATS
   auth         NATS credentials: init (a fleet's authority), runner (one runner's creds)
+  token        API tokens: create --sessions PREFIX (a token limited to those sessions)
 
 Client (SBX_ADDR, default http://127.0.0.1:7070; SBX_TOKEN):
   run [flags] -- COMMAND...   start a job
@@ -97,6 +98,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdAuth(rest, stdout, stderr)
 	case "mcp":
 		return cmdMCP(ctx, rest, getenv, stderr)
+	case "token":
+		return cmdToken(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

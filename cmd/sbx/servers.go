@@ -73,6 +73,12 @@ type coordinatorFlags struct {
 	retainAge               time.Duration
 	retainBytes             string
 	mcpMaxBlock             time.Duration
+
+	// maxConns and maxConnsPerClient bound the API's connections (httpapi.Config.MaxConns);
+	// mcpSessions the sessions of /mcp; outputBudget and minFreeDisk the disk jobs' output uses.
+	maxConns, maxConnsPerClient int
+	mcpSessions                 mcpSessionLimits
+	outputBudget, minFreeDisk   string
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -88,6 +94,13 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
+	fs.IntVar(&c.maxConns, "max-conns", httpapi.DefaultMaxConns, "most HTTP connections open at a time; more are closed on accept")
+	fs.IntVar(&c.maxConnsPerClient, "max-conns-per-client", httpapi.DefaultMaxConnsPerClient, "most HTTP connections open at a time from one client IP")
+	fs.IntVar(&c.mcpSessions.Max, "mcp-max-sessions", mcpDefaultMaxSessions, "most /mcp sessions open at a time")
+	fs.IntVar(&c.mcpSessions.PerToken, "mcp-max-sessions-per-token", mcpDefaultMaxSessionsPerToken, "most /mcp sessions open at a time with one token")
+	fs.DurationVar(&c.mcpSessions.Idle, "mcp-session-idle", mcpDefaultSessionIdle, "how long a /mcp session may go without a request before it is closed")
+	fs.StringVar(&c.outputBudget, "output-budget", "20G", "most output stored for all jobs together, ended and running (above --retain-bytes); past it new jobs are refused and a job writing more is stopped")
+	fs.StringVar(&c.minFreeDisk, "min-free-disk", "1G", "free space the data directory's disk keeps; below it new jobs are refused (0: not checked)")
 }
 
 // api is the HTTP API's listener and its server's settings. It is opened before anything else
@@ -96,8 +109,10 @@ type api struct {
 	ln  net.Listener
 	cfg httpapi.Config
 	url string // http://ADDR or https://ADDR
-	// retainBytes is --retain-bytes, parsed.
-	retainBytes int64
+	// retainBytes is --retain-bytes, parsed; outputBudget and minFreeDisk --output-budget and
+	// --min-free-disk (-1: not checked).
+	retainBytes               int64
+	outputBudget, minFreeDisk int64
 }
 
 // openAPI checks the coordinator's flags, reads the token and the TLS certificate, listens, and makes
@@ -111,6 +126,17 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if err != nil || retainBytes <= 0 {
 		return nil, usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
 	}
+	outputBudget, err := parseBytes(cf.outputBudget)
+	if err != nil || outputBudget <= retainBytes {
+		return nil, usageError("--output-budget %q must be a size like 20G, above --retain-bytes", cf.outputBudget)
+	}
+	minFreeDisk, err := parseBytes(cf.minFreeDisk)
+	if err != nil || minFreeDisk < 0 {
+		return nil, usageError("--min-free-disk %q must be a size like 1G, or 0", cf.minFreeDisk)
+	}
+	if minFreeDisk == 0 {
+		minFreeDisk = -1 // coordinator.Config: not checked
+	}
 	if cf.runnerDeadline <= 0 {
 		return nil, usageError("--runner-deadline must be positive")
 	}
@@ -121,7 +147,14 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := httpapi.Config{Token: token, Logger: log, Version: version, AllowedHosts: cf.allowHosts}
+	if cf.maxConns <= 0 || cf.maxConnsPerClient <= 0 {
+		return nil, usageError("--max-conns and --max-conns-per-client must be positive")
+	}
+	if cf.mcpSessions.Max <= 0 || cf.mcpSessions.PerToken <= 0 || cf.mcpSessions.Idle <= 0 {
+		return nil, usageError("--mcp-max-sessions, --mcp-max-sessions-per-token and --mcp-session-idle must be positive")
+	}
+	cfg := httpapi.Config{Token: token, Logger: log, Version: version, AllowedHosts: cf.allowHosts,
+		MaxConns: cf.maxConns, MaxConnsPerClient: cf.maxConnsPerClient}
 	if token == "" && slices.Contains(cf.allowHosts, httpapi.AnyHost) {
 		return nil, usageError("--allow-host '*' needs --token-file: without a token, the Host check is what keeps web pages out (DNS rebinding)")
 	}
@@ -154,7 +187,7 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if host, _, err := net.SplitHostPort(cf.listen); err == nil && host != "" && !addr.IP.IsUnspecified() {
 		cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 	}
-	return &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes}, nil
+	return &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes, outputBudget: outputBudget, minFreeDisk: minFreeDisk}, nil
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -599,13 +632,14 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
 		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
+		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk,
 	}, db, terms, bus)
 	if err != nil {
 		return err
 	}
 	cfg := api.cfg
 	cfg.Ready = bus.Ready
-	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log})
+	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log}, cf.mcpSessions)
 	defer mcpHTTP.close()
 	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
 	for pattern, h := range api.cfg.Handlers {

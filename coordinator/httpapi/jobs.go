@@ -49,7 +49,8 @@ type startReply struct {
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	var b startBody
-	if err := decodeBody(r, &b, false); err != nil {
+	err := decodeBody(r, &b, false)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -59,8 +60,9 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.BlockUntilMS = min(b.BlockUntilMS, coordinator.MaxBlockUntil.Milliseconds())
-	if b.Session == "" {
-		b.Session = r.Header.Get("Sbx-Session")
+	if b.Session, err = session(r, b.Session); err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	var notify *coordinator.OutputNotify
 	if n := b.NotifyOnOut; n != nil {
@@ -122,9 +124,15 @@ func (s *Server) handleJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	jobs, err := s.svc.Jobs(r.Context(), coordinator.JobFilter{
-		Session: q.Get("session"), Status: coordinator.Status(q.Get("status")), Limit: int(limit),
-	})
+	// Without a session, every session's jobs: for a scoped token, those of its scope.
+	f := coordinator.JobFilter{Status: coordinator.Status(q.Get("status")), Limit: int(limit), SessionPrefix: scopeOf(r.Context())}
+	if sess := q.Get("session"); sess != "" {
+		if f.Session, err = session(r, sess); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	jobs, err := s.svc.Jobs(r.Context(), f)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -79,6 +79,31 @@ type Bus struct {
 	// ensured holds when each work consumer was last made sure of (ensureWork).
 	mu      sync.Mutex
 	ensured map[string]time.Time
+	// dispatchFailed is when the last Dispatch failed, with dispatchErr, zero once one succeeded
+	// since: Ready reports it for a while (dispatchFailReported).
+	dispatchFailed time.Time
+	dispatchErr    error
+}
+
+// dispatchFailReported is how long Ready reports a failed Dispatch that no success followed. A
+// stream can refuse writes while it answers every question about itself (its storage failing:
+// "too many open files"); only a publish tells. It is not reported forever, so that one failure
+// with no traffic after it does not keep a coordinator unready.
+const dispatchFailReported = 30 * time.Second
+
+// noteDispatch records the outcome of a Dispatch for Ready. A caller that went away says nothing of
+// the stream.
+func (b *Bus) noteDispatch(err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err == nil {
+		b.dispatchFailed, b.dispatchErr = time.Time{}, nil
+		return
+	}
+	b.dispatchFailed, b.dispatchErr = time.Now(), err
 }
 
 var _ coordinator.Dispatcher = (*Bus)(nil)
@@ -133,10 +158,32 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	return &Bus{cfg: cfg, nc: nc, js: js, work: work, events: events, ensured: map[string]time.Time{}}, nil
 }
 
-// Ready reports whether the NATS connection is up.
-func (b *Bus) Ready(context.Context) error {
+// Ready reports whether jobs can be submitted: the NATS connection is up, JetStream answers and is
+// enabled for the account (a server whose storage failed, for instance on "too many open files",
+// disables it while the connection stays up), both streams answer, the work stream has room, and
+// the last job submission did not fail (recently, with no success since).
+func (b *Bus) Ready(ctx context.Context) error {
 	if !b.nc.IsConnected() {
-		return coordinator.Errorf(coordinator.EUNAVAILABLE, "NATS is not connected (%s).", b.nc.Status())
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "NATS is not connected (%s)", b.nc.Status())
+	}
+	if _, err := b.js.AccountInfo(ctx); err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "JetStream is not usable: %v", err)
+	}
+	work, err := b.work.Info(ctx)
+	if err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the work stream %s does not answer: %v", proto.WorkStream, err)
+	}
+	if max := work.Config.MaxMsgs; max > 0 && int64(work.State.Msgs) >= max {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the work stream %s is full (%d queued jobs): no job can be submitted", proto.WorkStream, work.State.Msgs)
+	}
+	if _, err := b.events.Info(ctx); err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the event stream %s does not answer: %v", proto.EventStream, err)
+	}
+	b.mu.Lock()
+	failed, ferr := b.dispatchFailed, b.dispatchErr
+	b.mu.Unlock()
+	if !failed.IsZero() && time.Since(failed) < dispatchFailReported {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the last job submission failed %s ago, and none succeeded since: %v", time.Since(failed).Round(time.Second), ferr)
 	}
 	return nil
 }
@@ -150,7 +197,8 @@ func (b *Bus) Ready(context.Context) error {
 // published again, which the stream's de-duplication answers with the first copy's sequence, and that
 // sequence is withdrawn. Withdrawn: the start is refused; already taken by a runner: the job runs and
 // Dispatch succeeds. When even that fails, the work's NotAfter keeps it from starting unconfirmed.
-func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
+func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (seq uint64, err error) {
+	defer func() { b.noteDispatch(err) }()
 	capability := proto.CapPlain
 	if w.Readonly {
 		capability = proto.CapReadonly
