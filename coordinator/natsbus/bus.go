@@ -38,6 +38,16 @@ type Config struct {
 	// MaxWorkConsumers bounds the work consumers the coordinator creates (512): a runner names its
 	// pool in its heartbeats, and a runner's creds must not make the coordinator create them without end.
 	MaxWorkConsumers int
+	// MaxPoolsPerRunner bounds the pools one runner may name in its heartbeats within
+	// WorkConsumerIdle (4): a heartbeat naming one more is dropped and counted as forged. Runner
+	// creds minted for a pool name only it; creds for any pool are held to this bound.
+	MaxPoolsPerRunner int
+	// WorkConsumerIdle is how long a pool's work consumers stay once no runner's heartbeat and no
+	// dispatch names the pool (10 min); then they are removed (the queued work stays).
+	WorkConsumerIdle time.Duration
+	// EventMaxAge bounds how long an event stays in the event stream unconsumed (7 days): whatever
+	// the coordinator cannot apply by then is dropped rather than kept for ever.
+	EventMaxAge time.Duration
 	Logger           *slog.Logger
 }
 
@@ -63,6 +73,15 @@ func (c *Config) setDefaults() {
 	if c.MaxWorkConsumers == 0 {
 		c.MaxWorkConsumers = 512
 	}
+	if c.MaxPoolsPerRunner == 0 {
+		c.MaxPoolsPerRunner = 4
+	}
+	if c.WorkConsumerIdle == 0 {
+		c.WorkConsumerIdle = 10 * time.Minute
+	}
+	if c.EventMaxAge == 0 {
+		c.EventMaxAge = 7 * 24 * time.Hour
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -79,6 +98,9 @@ type Bus struct {
 	// ensured holds when each work consumer was last made sure of (ensureWork).
 	mu      sync.Mutex
 	ensured map[string]time.Time
+	// pools are the pools runners and dispatches named, for the bound per runner and the removal of
+	// idle pools' consumers.
+	pools *pools
 }
 
 var _ coordinator.Dispatcher = (*Bus)(nil)
@@ -123,6 +145,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		Storage:    jetstream.FileStorage,
 		Replicas:   cfg.Replicas,
 		MaxBytes:   cfg.EventBytes,
+		MaxAge:     cfg.EventMaxAge,
 		MaxMsgSize: proto.MaxMessageBytes,
 		Discard:    jetstream.DiscardNew,
 		Duplicates: 2 * time.Minute,
@@ -130,7 +153,10 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create stream %s: %w", proto.EventStream, err)
 	}
-	return &Bus{cfg: cfg, nc: nc, js: js, work: work, events: events, ensured: map[string]time.Time{}}, nil
+	return &Bus{
+		cfg: cfg, nc: nc, js: js, work: work, events: events, ensured: map[string]time.Time{},
+		pools: newPools(cfg.MaxPoolsPerRunner, cfg.WorkConsumerIdle, time.Now()),
+	}, nil
 }
 
 // Ready reports whether the NATS connection is up.
@@ -155,6 +181,7 @@ func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
 	if w.Readonly {
 		capability = proto.CapReadonly
 	}
+	b.pools.dispatched(w.Pool, time.Now())
 	if err := b.ensureConsumer(ctx, w.Pool, capability); err != nil {
 		return 0, err
 	}

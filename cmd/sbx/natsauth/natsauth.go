@@ -254,26 +254,28 @@ func CoordinatorPermissions() jwt.Permissions {
 
 // RunnerInboxPrefix is the inbox prefix of runner id (nats.CustomInboxPrefix): a runner subscribes to
 // its own inbox only, so no runner reads another's replies.
-func RunnerInboxPrefix(id string) string { return "_INBOX_" + id }
+func RunnerInboxPrefix(id string) string { return proto.RunnerInbox(id) }
 
 // RunnerPermissions hold runner id to its own subjects. It publishes its events (JetStream publishes
-// are plain publishes with a reply to its inbox) and heartbeats, binds to and pulls from the work
-// consumers and acks what it took, and asks the coordinator to confirm the start of expired work
-// (proto.ConfirmSubject); it subscribes to its control subject, micro discovery and its inbox, and
-// answers the requests it gets. It cannot publish work, read the work or event subjects,
-// publish another runner's events or heartbeats, or create, change or delete streams and consumers.
-// With a pool, it reaches only that pool's work consumers; "" allows every pool's.
+// are plain publishes with a reply to its inbox) and heartbeats for its pools, binds to and pulls
+// from its pools' work consumers through the coordinator (proto.PullPrefix) and acks what it took,
+// and asks the coordinator to confirm the start of expired work (proto.ConfirmSubject); it
+// subscribes to its control subject, micro discovery and its inbox, and answers the requests it
+// gets. It cannot publish work, read the work or event subjects, publish another runner's events or
+// heartbeats, name a pool its creds do not in a heartbeat, send any request to the JetStream API
+// (whose replies and deliveries it could aim at a stream), or create, change or delete streams and
+// consumers. With a pool, it reaches only that pool; "" allows every pool.
 func RunnerPermissions(id, pool string) jwt.Permissions {
 	ws := proto.WorkStream
-	consumers := []string{"*"}
+	consumers, pools := []string{"*"}, "*"
 	if pool != "" {
-		consumers = []string{proto.WorkConsumer(pool, proto.CapPlain), proto.WorkConsumer(pool, proto.CapReadonly)}
+		consumers, pools = []string{proto.WorkConsumer(pool, proto.CapPlain), proto.WorkConsumer(pool, proto.CapReadonly)}, pool
 	}
-	pub := []string{proto.RunnerEventSubjects(id), proto.HeartbeatSubject(id), proto.ConfirmSubject}
+	pub := []string{proto.RunnerEventSubjects(id), proto.HeartbeatSubject(id, pools), proto.ConfirmSubject(id)}
 	for _, c := range consumers {
 		pub = append(pub,
-			"$JS.API.CONSUMER.INFO."+ws+"."+c,
-			"$JS.API.CONSUMER.MSG.NEXT."+ws+"."+c,
+			proto.PullPrefix(id)+".CONSUMER.INFO."+ws+"."+c,
+			proto.PullPrefix(id)+".CONSUMER.MSG.NEXT."+ws+"."+c,
 			"$JS.ACK."+ws+"."+c+".>",
 		)
 	}
@@ -282,7 +284,7 @@ func RunnerPermissions(id, pool string) jwt.Permissions {
 		Sub: jwt.Permission{Allow: []string{
 			proto.ControlSubject(id),
 			"$SRV.>",
-			RunnerInboxPrefix(id) + ".>",
+			proto.RunnerInbox(id) + ".>",
 		}},
 		Resp: &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
 	}

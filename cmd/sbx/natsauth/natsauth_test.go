@@ -176,6 +176,13 @@ func TestRunnerPermissions(t *testing.T) {
 	if _, err := cjs.Publish(ctx, proto.WorkSubject("default", proto.CapPlain), []byte("job")); err != nil {
 		t.Fatalf("the coordinator cannot queue work: %v", err)
 	}
+	// The coordinator forwards pulls to JetStream (natsbus.Bus.forwardPull, which checks the reply).
+	if _, err := coord.Subscribe(proto.PullSubjects, func(m *nats.Msg) {
+		_, api, _ := strings.Cut(strings.TrimPrefix(m.Subject, proto.PullPrefix("")), ".")
+		_ = coord.PublishMsg(&nats.Msg{Subject: "$JS.API." + api, Reply: m.Reply, Data: m.Data})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	heard := make(chan string, 16)
 	if _, err := coord.Subscribe(proto.HeartbeatSubjects, func(m *nats.Msg) { heard <- m.Subject }); err != nil {
 		t.Fatal(err)
@@ -199,9 +206,13 @@ func TestRunnerPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pulls, err := jetstream.NewWithAPIPrefix(rc, proto.PullPrefix("r1"))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// What a runner does.
-	cons, err := rjs.Consumer(ctx, proto.WorkStream, work)
+	cons, err := pulls.Consumer(ctx, proto.WorkStream, work)
 	if err != nil {
 		t.Fatalf("the runner cannot bind to its work consumer: %v", err)
 	}
@@ -215,12 +226,12 @@ func TestRunnerPermissions(t *testing.T) {
 	if _, err := rjs.Publish(ctx, proto.StateSubject("r1", "j1"), []byte("{}")); err != nil {
 		t.Fatalf("the runner cannot publish its events: %v", err)
 	}
-	if err := rc.Publish(proto.HeartbeatSubject("r1"), []byte("{}")); err != nil {
+	if err := rc.Publish(proto.HeartbeatSubject("r1", "default"), []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case s := <-heard:
-		if s != proto.HeartbeatSubject("r1") {
+		if s != proto.HeartbeatSubject("r1", "default") {
 			t.Fatalf("heard %s", s)
 		}
 	case <-time.After(5 * time.Second):
@@ -245,7 +256,7 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatalf("micro ping: %v", err)
 	}
 	// It asks the coordinator to confirm the start of expired work, and gets the answer.
-	confirm, err := coord.Subscribe(proto.ConfirmSubject, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) })
+	confirm, err := coord.Subscribe(proto.ConfirmSubjects, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +264,7 @@ func TestRunnerPermissions(t *testing.T) {
 	if err := coord.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := rc.Request(proto.ConfirmSubject, []byte("j1"), 5*time.Second); err != nil || string(m.Data) != "ok" {
+	if m, err := rc.Request(proto.ConfirmSubject("r1"), []byte("j1"), 5*time.Second); err != nil || string(m.Data) != "ok" {
 		t.Fatalf("confirmation request: %v", err)
 	}
 
@@ -271,17 +282,32 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatal("the runner published another runner's event")
 	}
 	wantViolation(t, errs, proto.StateSubject("r2", "j1"))
-	if err := rc.Publish(proto.HeartbeatSubject("r2"), []byte("{}")); err != nil {
-		t.Fatal(err)
+	// Nor heartbeat as another runner, or for a pool its creds do not name: the coordinator makes
+	// work consumers for the pools heartbeats name.
+	for _, subject := range []string{proto.HeartbeatSubject("r2", "default"), proto.HeartbeatSubject("r1", "other")} {
+		if err := rc.Publish(subject, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		wantViolation(t, errs, subject)
 	}
-	wantViolation(t, errs, proto.HeartbeatSubject("r2"))
+	// Nor send JetStream a request of its own, whose reply could aim a delivery of work at a stream,
+	// nor pull as another runner (whose inbox the coordinator would deliver to).
+	for _, subject := range []string{
+		"$JS.API.CONSUMER.MSG.NEXT." + proto.WorkStream + "." + work, "$JS.API.CONSUMER.INFO." + proto.WorkStream + "." + work,
+		proto.PullPrefix("r2") + ".CONSUMER.MSG.NEXT." + proto.WorkStream + "." + work, proto.ConfirmSubject("r2"),
+	} {
+		if err := rc.PublishRequest(subject, proto.EventSubjects[:len(proto.EventSubjects)-1]+"r1.j1.state", []byte(`{"batch":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		wantViolation(t, errs, subject)
+	}
 	for _, subject := range []string{proto.WorkSubjects, proto.EventSubjects, proto.ControlSubject("r2"), "_INBOX.>", RunnerInboxPrefix("r2") + ".>"} {
 		if _, err := rc.SubscribeSync(subject); err != nil {
 			t.Fatal(err)
 		}
 		wantViolation(t, errs, subject)
 	}
-	if _, err := rjs.Consumer(short(), proto.WorkStream, other); err == nil {
+	if _, err := pulls.Consumer(short(), proto.WorkStream, other); err == nil {
 		t.Fatal("a runner of pool default bound to pool other's work consumer")
 	}
 	if err := rjs.DeleteConsumer(short(), proto.WorkStream, work); err == nil {
