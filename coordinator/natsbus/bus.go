@@ -48,7 +48,7 @@ type Config struct {
 	// EventMaxAge bounds how long an event stays in the event stream unconsumed (7 days): whatever
 	// the coordinator cannot apply by then is dropped rather than kept for ever.
 	EventMaxAge time.Duration
-	Logger           *slog.Logger
+	Logger      *slog.Logger
 }
 
 func (c *Config) setDefaults() {
