@@ -138,7 +138,7 @@ func TestFleetNATSAuth(t *testing.T) {
 		}
 		return path
 	}
-	token, enrollKey := secret("token", "api-token"), secret("enroll", "enroll-key")
+	token, enrollKey := secret("token", "api-token-api-token"), secret("enroll", "enroll-key-enroll-key")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{first: make(chan string, 1)}
@@ -165,7 +165,7 @@ func TestFleetNATSAuth(t *testing.T) {
 		t.Fatal("coordinator did not start")
 	}
 	startRunner(t, "--nats", ns.ClientURL(), "--nats-creds", runnerCreds, "--cgroup-root", testCgroupRoot("sbx-cmd-test-fleet"))
-	c := client.New(addr, "api-token")
+	c := client.New(addr, "api-token-api-token")
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if rs, err := c.Runners(t.Context()); err == nil && len(rs) == 1 && rs[0].ID == "r1" {
 			break
@@ -179,7 +179,7 @@ func TestFleetNATSAuth(t *testing.T) {
 	}
 
 	// A runner of unknown id enrolls with the enroll key (not the API token) and runs work.
-	wrongKey := secret("wrong", "not-the-key")
+	wrongKey := secret("wrong", "not-the-enroll-key")
 	if _, err := cli(t, nil, "runner", "--nats", ns.ClientURL(), "--enroll", addr, "--enroll-key-file", wrongKey, "--id", "r2"); err == nil ||
 		!strings.Contains(err.Error(), "enroll key") {
 		t.Fatalf("a runner with a wrong enroll key: %v, want refused", err)

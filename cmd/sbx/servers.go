@@ -417,7 +417,7 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		if err != nil {
 			return fmt.Errorf("--nats-account-key: %w", err)
 		}
-		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: &enroller{key: key, auth: auth, log: log}}
+		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: newEnroller(key, auth, log)}
 		api.cfg.OwnCredential = []string{enrollPath}
 	}
 	nc, err := dial(ctx, log, "sbx-coordinator", nf.url, append(opts, coordinatorConn())...)
@@ -686,9 +686,12 @@ func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []s
 	return r.Run(ctx)
 }
 
+// minSecret is the shortest token or enroll key sbx accepts, in bytes.
+const minSecret = 16
+
 // readToken reads the bearer token from a file; no file means no token. A file that group or
 // others may read or write is refused, as ssh refuses such a private key: the token is a root shell
-// on every runner.
+// on every runner. A secret under minSecret bytes is refused too.
 func readToken(path string) (string, error) {
 	if path == "" {
 		return "", nil
@@ -707,6 +710,10 @@ func readToken(path string) (string, error) {
 	token := strings.TrimSpace(string(b))
 	if token == "" {
 		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	// A short secret is guessed: the enroll route once took 6,276 keys a second.
+	if len(token) < minSecret {
+		return "", fmt.Errorf("%s holds a secret of %d bytes: use at least %d (head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %s)", path, len(token), minSecret, path)
 	}
 	return token, nil
 }
