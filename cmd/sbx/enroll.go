@@ -15,6 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
 	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -41,6 +44,10 @@ type enroller struct {
 	key  string
 	auth *natsauth.Authority
 	log  *slog.Logger
+	// ttl is how long the creds it mints are valid: an enrolled runner renews them through the
+	// route before they lapse, and a runner that stops enrolling (its key changed, or it is gone)
+	// loses NATS by then.
+	ttl time.Duration
 	// failures counts refused enrollments by source address: past enrollMaxFailures within
 	// enrollWindow an address is refused outright (429) until the window ends, so that the key
 	// cannot be guessed at thousands a second.
@@ -64,8 +71,11 @@ const (
 	enrollMaxSources  = 10_000
 )
 
-func newEnroller(key string, auth *natsauth.Authority, log *slog.Logger) *enroller {
-	return &enroller{key: key, auth: auth, log: log, failures: map[string]*enrollFailures{}, now: time.Now}
+// defaultEnrollTTL is how long enrolled creds are valid unless --enroll-creds-ttl says.
+const defaultEnrollTTL = 24 * time.Hour
+
+func newEnroller(key string, auth *natsauth.Authority, ttl time.Duration, log *slog.Logger) *enroller {
+	return &enroller{key: key, auth: auth, ttl: ttl, log: log, failures: map[string]*enrollFailures{}, now: time.Now}
 }
 
 // source is the address a request came from, without its port.
@@ -138,7 +148,7 @@ func (e *enroller) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		enrollError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("pool %q must be 1-64 characters of letters, digits, '_' and '-'.", req.Pool))
 		return
 	}
-	creds, err := e.auth.RunnerCreds(req.RunnerID, req.Pool)
+	creds, err := e.auth.RunnerCreds(req.RunnerID, req.Pool, e.ttl)
 	if err != nil {
 		e.log.Error("enroll", "runner", req.RunnerID, "err", err)
 		enrollError(w, http.StatusInternalServerError, "internal", "The creds could not be made.")
@@ -255,4 +265,100 @@ func enroll(ctx context.Context, base, key, id, pool string) ([]byte, error) {
 		return nil, fmt.Errorf("enroll: the reply holds no creds")
 	}
 	return []byte(reply.Creds), nil
+}
+
+// enrolledCreds are an enrolled runner's creds, held in memory only (nothing on disk for a job to
+// find) and renewed through the enroll route before they lapse.
+type enrolledCreds struct {
+	base, key, id, pool string
+
+	mu      sync.Mutex
+	creds   []byte
+	issued  time.Time
+	expires time.Time // zero: never
+}
+
+// enrollRunner enrolls runner id of pool at base with the enroll key.
+func enrollRunner(ctx context.Context, base, key, id, pool string) (*enrolledCreds, error) {
+	c := &enrolledCreds{base: base, key: key, id: id, pool: pool}
+	if err := c.enroll(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *enrolledCreds) enroll(ctx context.Context) error {
+	creds, err := enroll(ctx, c.base, c.key, c.id, c.pool)
+	if err != nil {
+		return err
+	}
+	issued, expires, err := natsauth.Lifetime(creds)
+	if err != nil {
+		return fmt.Errorf("enroll: %w", err)
+	}
+	c.mu.Lock()
+	c.creds, c.issued, c.expires = creds, issued, expires
+	c.mu.Unlock()
+	return nil
+}
+
+// option connects as the user of the creds held now: a reconnect after a renewal uses the new ones.
+func (c *enrolledCreds) option() nats.Option {
+	split := func() (string, []byte, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return natsauth.Split(c.creds)
+	}
+	return nats.UserJWT(func() (string, error) {
+		token, _, err := split()
+		return token, err
+	}, func(nonce []byte) ([]byte, error) {
+		_, seed, err := split()
+		if err != nil {
+			return nil, err
+		}
+		kp, err := nkeys.FromSeed(seed)
+		if err != nil {
+			return nil, err
+		}
+		defer kp.Wipe()
+		return kp.Sign(nonce)
+	})
+}
+
+// renewAt is when creds of a lifetime are renewed: two thirds of the way, so that a coordinator
+// that is down for a while does not cost the runner its NATS.
+func renewAt(issued, expires time.Time) time.Time {
+	return issued.Add(expires.Sub(issued) * 2 / 3)
+}
+
+// renew renews the creds before they lapse until ctx ends, and then reconnects nc on the new ones.
+// A failed renewal is tried again every tenth of the time left, at least every 5 s.
+func (c *enrolledCreds) renew(ctx context.Context, nc *nats.Conn, log *slog.Logger) {
+	for {
+		c.mu.Lock()
+		issued, expires := c.issued, c.expires
+		c.mu.Unlock()
+		if expires.IsZero() {
+			return
+		}
+		wait := time.Until(renewAt(issued, expires))
+		for {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return
+			}
+			err := c.enroll(ctx)
+			if err == nil {
+				break
+			}
+			wait = max(time.Until(expires)/10, 5*time.Second)
+			log.Warn("renew enrolled creds", "err", err, "expires", expires, "retry_in", wait)
+		}
+		log.Info("renewed enrolled creds")
+		if err := nc.ForceReconnect(); err != nil {
+			log.Warn("reconnect on renewed creds", "err", err)
+		}
+	}
 }

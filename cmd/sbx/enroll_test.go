@@ -25,7 +25,7 @@ func TestEnrollStrict(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	e := newEnroller("the-enroll-key-of-this-test", auth, slog.New(slog.NewTextHandler(&logs, nil)))
+	e := newEnroller("the-enroll-key-of-this-test", auth, time.Hour, slog.New(slog.NewTextHandler(&logs, nil)))
 	now := time.Now()
 	e.now = func() time.Time { return now }
 	post := func(key, body string) (int, map[string]any) {
@@ -56,6 +56,9 @@ func TestEnrollStrict(t *testing.T) {
 	}
 	if id, err := natsauth.RunnerOf([]byte(reply["creds"].(string))); err != nil || id != "r1" {
 		t.Fatalf("creds of %q (%v)", id, err)
+	}
+	if issued, expires, err := natsauth.Lifetime([]byte(reply["creds"].(string))); err != nil || expires.Sub(issued) != time.Hour {
+		t.Fatalf("enrolled creds issued %v expire %v (%v), want an hour later", issued, expires, err)
 	}
 	for i := 5; i < enrollMaxFailures; i++ {
 		if code, _ := post("wrong-key-wrong-key", `{"runner_id":"r1"}`); code != http.StatusUnauthorized {

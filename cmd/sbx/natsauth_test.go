@@ -146,7 +146,8 @@ func TestFleetNATSAuth(t *testing.T) {
 	go func() {
 		ended <- run(ctx, []string{"coordinator", "--nats", ns.ClientURL(), "--nats-creds", filepath.Join(dir, natsauth.CoordinatorCredsFile),
 			"--listen", "127.0.0.1:0", "--data", t.TempDir(), "--token-file", token,
-			"--enroll-key", enrollKey, "--nats-account-key", filepath.Join(dir, natsauth.AccountSeedFile)}, os.Getenv, out, io.Discard)
+			"--enroll-key", enrollKey, "--nats-account-key", filepath.Join(dir, natsauth.AccountSeedFile),
+			"--enroll-creds-ttl", "3s"}, os.Getenv, out, io.Discard)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -184,9 +185,17 @@ func TestFleetNATSAuth(t *testing.T) {
 		!strings.Contains(err.Error(), "enroll key") {
 		t.Fatalf("a runner with a wrong enroll key: %v, want refused", err)
 	}
+	enrolled := time.Now()
 	startRunner(t, "--nats", ns.ClientURL(), "--enroll", addr, "--enroll-key-file", enrollKey, "--id", "r2", "--pool", "enrolled",
 		"--cgroup-root", testCgroupRoot("sbx-cmd-test-enrolled"))
 	if out := runJob(t, c, "enrolled", "echo enrolled"); out != "enrolled\n" {
+		t.Fatalf("output %q", out)
+	}
+	// Its creds live 3 s; it renews them through the enroll route and keeps working past that.
+	for time.Since(enrolled) < 5*time.Second {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if out := runJob(t, c, "enrolled", "echo renewed"); out != "renewed\n" {
 		t.Fatalf("output %q", out)
 	}
 }

@@ -191,7 +191,7 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rcreds, err := a.RunnerCreds("r1", "default")
+	rcreds, err := a.RunnerCreds("r1", "default", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,5 +375,127 @@ func TestServerConfig(t *testing.T) {
 	}
 	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: proto.EventStream, Subjects: []string{proto.EventSubjects}}); err != nil {
 		t.Fatalf("JetStream is not enabled for the sbx account: %v", err)
+	}
+}
+
+// TestExpiryAndRevocation: runner creds with a lifetime stop working when it ends; a revoked
+// runner's creds, and an old coordinator's after a rotation, are refused once the NATS server
+// reloaded the nats-auth.conf that revoking rewrote, while the others' still work. Before, creds
+// never expired and could not be revoked.
+func TestExpiryAndRevocation(t *testing.T) {
+	dir := t.TempDir()
+	a, err := Open(filepath.Join(dir, "auth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeConf := func() {
+		t.Helper()
+		conf, err := a.ServerConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := WriteSecret(filepath.Join(dir, "auth", ServerConfigFile), conf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeConf()
+	main := "listen: 127.0.0.1:-1\ninclude auth/" + ServerConfigFile + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(main), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoSigs = true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats did not start")
+	}
+	connects := func(creds []byte) bool {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "user.creds")
+		if err := WriteSecret(path, creds); err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(ns.ClientURL(), nats.UserCredentials(path), nats.NoReconnect(),
+			nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		if err != nil {
+			return false
+		}
+		defer nc.Close()
+		return nc.Flush() == nil
+	}
+	mint := func(id string, ttl time.Duration) []byte {
+		t.Helper()
+		creds, err := a.RunnerCreds(id, "", ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return creds
+	}
+
+	short, victim, bystander := mint("short", 2*time.Second), mint("victim", 0), mint("bystander", time.Hour)
+	oldCoord, err := a.CoordinatorCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, creds := range map[string][]byte{"short": short, "victim": victim, "bystander": bystander, "coordinator": oldCoord} {
+		if !connects(creds) {
+			t.Fatalf("%s's fresh creds are refused", name)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); connects(short); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("creds of a 2 s lifetime still work after 10 s")
+		}
+	}
+
+	pub, err := a.RunnerPublicKey("victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := UserOf(victim); err != nil || got != pub {
+		t.Fatalf("victim's creds are of user %s (%v), want %s", got, err, pub)
+	}
+	oldPub, err := UserOf(oldCoord)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCoord, err := a.CoordinatorCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	revokedAt := time.Now()
+	for _, p := range []string{pub, oldPub} {
+		if err := a.Revoke(p, revokedAt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeConf()
+	if err := ns.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for name, creds := range map[string][]byte{"victim": victim, "old coordinator": oldCoord} {
+		if connects(creds) {
+			t.Errorf("%s's revoked creds still connect", name)
+		}
+	}
+	for name, creds := range map[string][]byte{"bystander": bystander, "new coordinator": newCoord} {
+		if !connects(creds) {
+			t.Errorf("%s's creds are refused", name)
+		}
+	}
+	// Creds minted for the runner after the revocation work again (the list holds a time).
+	for time.Now().Unix() <= revokedAt.Unix() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !connects(mint("victim", 0)) {
+		t.Error("creds minted after the revocation are refused")
 	}
 }
