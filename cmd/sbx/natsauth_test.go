@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
@@ -219,5 +220,78 @@ func TestServeNATSTLS(t *testing.T) {
 	startRunner(t, "--nats", s.nats, "--nats-creds", creds, "--nats-ca", cert, "--pool", "tls", "--cgroup-root", testCgroupRoot("sbx-cmd-test-tls"))
 	if out := runJob(t, s.c, "tls", "echo over tls"); out != "over tls\n" {
 		t.Fatalf("output %q", out)
+	}
+}
+
+// TestAuthRevokeAndRotate: the commands of "Expiry, revocation and rotation" in docs/security.md:
+// runner creds carry --expires, `sbx auth coordinator` mints creds of a new user, and `sbx auth
+// revoke` puts a runner's or a creds file's user on the account's list in nats-auth.conf.
+func TestAuthRevokeAndRotate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "auth")
+	if _, err := cli(t, nil, "auth", "init", "--dir", dir); err != nil {
+		t.Fatal(err)
+	}
+	r1 := filepath.Join(t.TempDir(), "r1.creds")
+	if _, err := cli(t, nil, "auth", "runner", "--dir", dir, "--id", "r1", "--expires", "1h", "--out", r1); err != nil {
+		t.Fatal(err)
+	}
+	b, err := natsauth.ReadSecret(r1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if issued, expires, err := natsauth.Lifetime(b); err != nil || expires.Sub(issued) != time.Hour {
+		t.Fatalf("creds issued %v expire %v (%v), want an hour later", issued, expires, err)
+	}
+	oldCoord := filepath.Join(t.TempDir(), "old.creds")
+	if b, err := natsauth.ReadSecret(filepath.Join(dir, natsauth.CoordinatorCredsFile)); err != nil {
+		t.Fatal(err)
+	} else if err := natsauth.WriteSecret(oldCoord, b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli(t, nil, "auth", "coordinator", "--dir", dir); err != nil {
+		t.Fatal(err)
+	}
+	userOf := func(path string) string {
+		t.Helper()
+		b, err := natsauth.ReadSecret(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := natsauth.UserOf(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pub
+	}
+	if userOf(oldCoord) == userOf(filepath.Join(dir, natsauth.CoordinatorCredsFile)) {
+		t.Fatal("the rotated coordinator creds have the old user")
+	}
+	for _, args := range [][]string{{"--id", "r1"}, {"--creds", oldCoord}} {
+		if _, err := cli(t, nil, append([]string{"auth", "revoke", "--dir", dir}, args...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf, err := os.ReadFile(filepath.Join(dir, natsauth.ServerConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(string(conf)); err != nil {
+		t.Fatal(err)
+	}
+	_, accJWT, _ := strings.Cut(string(conf), "resolver_preload: {\n  ")
+	_, accJWT, _ = strings.Cut(accJWT, ": ")
+	accJWT, _, _ = strings.Cut(accJWT, "\n")
+	acc, err := jwt.DecodeAccountClaims(accJWT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, pub := range map[string]string{"r1": userOf(r1), "old coordinator": userOf(oldCoord)} {
+		if _, ok := acc.Revocations[pub]; !ok {
+			t.Errorf("%s (%s) is not on the account's revocation list %v", name, pub, acc.Revocations)
+		}
+	}
+	if _, err := cli(t, nil, "auth", "revoke", "--dir", dir); exitCode(err, io.Discard) != 2 {
+		t.Fatalf("revoke with neither --id nor --creds: %v, want exit 2", err)
 	}
 }
