@@ -267,6 +267,26 @@ func (n *natsFlags) options(runnerID string) ([]nats.Option, error) {
 	return opts, nil
 }
 
+// checkCredsPool checks that --nats-creds, when limited to a pool, are for pool: a runner of
+// another pool would be refused its heartbeats and its pulls.
+func (n *natsFlags) checkCredsPool(pool string) error {
+	if n.creds == "" {
+		return nil
+	}
+	b, err := natsauth.ReadSecret(n.creds)
+	if err != nil {
+		return fmt.Errorf("--nats-creds: %w", err)
+	}
+	credsPool, err := natsauth.PoolOf(b)
+	if err != nil {
+		return fmt.Errorf("--nats-creds: %w", err)
+	}
+	if credsPool != "" && credsPool != pool {
+		return usageError("--pool %s but --nats-creds are for pool %s", pool, credsPool)
+	}
+	return nil
+}
+
 // runnerIDFromCreds returns the runner id --nats-creds was minted for, checking it against --id:
 // a runner connecting with another runner's creds would be refused every publish.
 func (n *natsFlags) runnerIDFromCreds(id string) (string, error) {

@@ -75,6 +75,10 @@ func TestServeNATSAuth(t *testing.T) {
 	if _, err := s.sbx(t, "runner", "--nats", s.nats, "--nats-creds", creds, "--id", "other"); code(err) != 2 {
 		t.Fatalf("a runner with another runner's creds: %v, want a usage error", err)
 	}
+	if _, err := s.sbx(t, "runner", "--nats", s.nats, "--nats-creds", creds, "--pool", "default"); code(err) != 2 ||
+		!strings.Contains(err.Error(), "for pool extra") {
+		t.Fatalf("a runner of pool default with pool extra's creds: %v, want a usage error", err)
+	}
 	// No --id: the runner takes the one its creds were minted for.
 	startRunner(t, "--nats", s.nats, "--nats-creds", creds, "--pool", "extra", "--cgroup-root", testCgroupRoot("sbx-cmd-test-extra"))
 	if out := runJob(t, s.c, "extra", "echo joined"); out != "joined\n" {

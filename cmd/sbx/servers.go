@@ -465,6 +465,9 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if rf.id, err = nf.runnerIDFromCreds(rf.id); err != nil {
 		return err
 	}
+	if err := nf.checkCredsPool(rf.pool); err != nil {
+		return err
+	}
 	if rf.id == "" {
 		if rf.id, err = runner.DefaultID(); err != nil {
 			return err

@@ -491,6 +491,29 @@ func RunnerOf(creds []byte) (string, error) {
 	return id, nil
 }
 
+// PoolOf returns the pool a runner's credentials file is limited to ("" for any pool, or for creds
+// that are not a runner's): the last token of the heartbeat subject it may publish.
+func PoolOf(creds []byte) (string, error) {
+	id, err := RunnerOf(creds)
+	if err != nil || id == "" {
+		return "", err
+	}
+	token, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return "", fmt.Errorf("credentials: %w", err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return "", fmt.Errorf("credentials: %w", err)
+	}
+	for _, subject := range uc.Pub.Allow {
+		if rid, pool, ok := proto.ParseHeartbeatSubject(subject); ok && rid == id {
+			return pool, nil
+		}
+	}
+	return "", nil
+}
+
 // Split returns the user JWT and seed of a credentials file, for an in-process connection.
 func Split(creds []byte) (token string, seed []byte, err error) {
 	if token, err = jwt.ParseDecoratedJWT(creds); err != nil {
