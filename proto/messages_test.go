@@ -218,6 +218,14 @@ func TestParseEventSubject(t *testing.T) {
 			t.Errorf("work consumer of %v: %q %q %v", tc, pool, c, ok)
 		}
 	}
+	if key, ok := WorkKeyOf(WorkIngestSubjects("k3y")); !ok || key != "k3y" {
+		t.Errorf("work ingest subjects: %q %v", key, ok)
+	}
+	for _, s := range []string{"sbx.v1.queue.>", "sbx.v1.queue.a.b.>", "sbx.v1.work.>", "sbx.v1.queue.k"} {
+		if _, ok := WorkKeyOf(s); ok {
+			t.Errorf("work ingest subjects %q accepted", s)
+		}
+	}
 	for _, s := range []string{"work_a", "work__plain", "work_a_other", "coordinator", "work_a.b_plain"} {
 		if _, _, ok := ParseWorkConsumer(s); ok {
 			t.Errorf("work consumer %q accepted", s)

@@ -23,8 +23,33 @@ const (
 	CapReadonly = "readonly"
 )
 
-// WorkSubjects is the subject filter of WorkStream: sbx.v1.work.>
+// WorkSubjects matches every subject WorkStream stores work under: sbx.v1.work.>
 const WorkSubjects = "sbx.v1.work.>"
+
+// WorkIngest is where the coordinator queues work for a pool and capability:
+// sbx.v1.queue.<key>.<pool>.<capability>. WorkStream takes in WorkIngestSubjects(key) only and
+// stores each message under WorkSubject (a subject transform), which its consumers filter on. The
+// key is random and kept in the stream's configuration, which only the coordinator may read: a
+// runner cannot aim anything at the stream, not even JetStream's answers to its own requests, whose
+// reply subject it chooses (a stream stores whatever reaches its subjects, from whomever).
+func WorkIngest(key, pool, capability string) string {
+	return "sbx.v1.queue." + key + "." + pool + "." + capability
+}
+
+// WorkIngestSubjects is WorkStream's subjects for a key: sbx.v1.queue.<key>.>
+func WorkIngestSubjects(key string) string {
+	return "sbx.v1.queue." + key + ".>"
+}
+
+// WorkKeyOf returns the key of WorkIngestSubjects(key).
+func WorkKeyOf(subjects string) (string, bool) {
+	rest, found := strings.CutPrefix(subjects, "sbx.v1.queue.")
+	key, found2 := strings.CutSuffix(rest, ".>")
+	if !found || !found2 || !ValidToken(key) {
+		return "", false
+	}
+	return key, true
+}
 
 // EventSubjects is the subject filter of EventStream: sbx.v1.events.>
 const EventSubjects = "sbx.v1.events.>"
@@ -32,7 +57,8 @@ const EventSubjects = "sbx.v1.events.>"
 // HeartbeatSubjects matches every runner's heartbeat: sbx.v1.heartbeat.*.*
 const HeartbeatSubjects = "sbx.v1.heartbeat.*.*"
 
-// WorkSubject is where work for a pool and capability is queued: sbx.v1.work.<pool>.<capability>
+// WorkSubject is the subject work for a pool and capability is stored under, and its consumer's
+// filter: sbx.v1.work.<pool>.<capability> (it is queued on WorkIngest).
 func WorkSubject(pool, capability string) string {
 	return "sbx.v1.work." + pool + "." + capability
 }

@@ -4,6 +4,8 @@ package natsbus
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -94,6 +96,8 @@ type Bus struct {
 	js     jetstream.JetStream
 	work   jetstream.Stream
 	events jetstream.Stream
+	// workKey is the key of the work stream's ingest subjects (proto.WorkIngest).
+	workKey string
 
 	// ensured holds when each work consumer was last made sure of (ensureWork).
 	mu      sync.Mutex
@@ -124,9 +128,17 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	key, err := workKey(ctx, js)
+	if err != nil {
+		return nil, err
+	}
 	work, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:       proto.WorkStream,
-		Subjects:   []string{proto.WorkSubjects},
+		Name:     proto.WorkStream,
+		Subjects: []string{proto.WorkIngestSubjects(key)},
+		SubjectTransform: &jetstream.SubjectTransformConfig{
+			Source:      proto.WorkIngestSubjects(key),
+			Destination: proto.WorkSubjects,
+		},
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.FileStorage,
 		Replicas:   cfg.Replicas,
@@ -154,9 +166,33 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		return nil, fmt.Errorf("create stream %s: %w", proto.EventStream, err)
 	}
 	return &Bus{
-		cfg: cfg, nc: nc, js: js, work: work, events: events, ensured: map[string]time.Time{},
+		cfg: cfg, nc: nc, js: js, work: work, events: events, workKey: key, ensured: map[string]time.Time{},
 		pools: newPools(cfg.MaxPoolsPerRunner, cfg.WorkConsumerIdle, time.Now()),
 	}, nil
+}
+
+// workKey returns the key of the work stream's ingest subjects (proto.WorkIngest): the one its
+// configuration holds, or a new random one for a stream to be made, or made over from the time it
+// took in its work subjects themselves. Coordinators started together on a new stream may each
+// make one, and the last to configure the stream wins: start the first coordinator alone.
+func workKey(ctx context.Context, js jetstream.JetStream) (string, error) {
+	s, err := js.Stream(ctx, proto.WorkStream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+	case err != nil:
+		return "", fmt.Errorf("stream %s: %w", proto.WorkStream, err)
+	default:
+		for _, subjects := range s.CachedInfo().Config.Subjects {
+			if key, ok := proto.WorkKeyOf(subjects); ok {
+				return key, nil
+			}
+		}
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("work key: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // Ready reports whether the NATS connection is up.
@@ -186,7 +222,7 @@ func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
 		return 0, err
 	}
 	w.NotAfter = time.Now().Add(b.cfg.PublishTimeout).UnixMilli()
-	msg := &nats.Msg{Subject: proto.WorkSubject(w.Pool, capability), Data: proto.Encode(w), Header: nats.Header{}}
+	msg := &nats.Msg{Subject: proto.WorkIngest(b.workKey, w.Pool, capability), Data: proto.Encode(w), Header: nats.Header{}}
 	msg.Header.Set(proto.HeaderVersion, fmt.Sprint(proto.Version))
 	pctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
 	ack, err := b.js.PublishMsg(pctx, msg, jetstream.WithMsgID(w.JobID))

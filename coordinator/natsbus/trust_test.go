@@ -156,7 +156,15 @@ func TestWorkGoesToTheRunnersInbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := connectRunner(t, nc, "r1")
-	trap := proto.WorkSubject("trap", proto.CapPlain) // stored by SBX_WORK, read by nobody
+	other := connectRunner(t, nc, "r2")
+	otherInbox, err := other.SubscribeSync(proto.RunnerInbox("r2") + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	trap := proto.WorkSubject("trap", proto.CapPlain) // where work is stored; no consumer reads it
 	next := proto.PullPrefix("r1") + ".CONSUMER.MSG.NEXT." + proto.WorkStream + "." + proto.WorkConsumer("default", proto.CapPlain)
 	if err := rc.PublishRequest(next, trap, []byte(`{"batch":1,"expires":1000000000}`)); err != nil {
 		t.Fatal(err)
@@ -164,7 +172,7 @@ func TestWorkGoesToTheRunnersInbox(t *testing.T) {
 	if err := rc.PublishRequest(next, proto.RunnerInbox("r2")+".x", []byte(`{"batch":1,"expires":1000000000}`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := rc.PublishRequest(proto.ConfirmSubject("r1"), trap, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: res.Job.ID})); err != nil {
+	if err := rc.PublishRequest(proto.ConfirmSubject("r1"), proto.RunnerInbox("r2")+".y", proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: res.Job.ID})); err != nil {
 		t.Fatal(err)
 	}
 	// The runner's own pull, through the same forwarder after the others, gets the work: had either
@@ -191,7 +199,49 @@ func TestWorkGoesToTheRunnersInbox(t *testing.T) {
 	} else if r, err := proto.DecodeControlReply(m.Data); err != nil || r.Code != proto.ReplyOK {
 		t.Fatalf("confirmation %+v, %v", r, err)
 	}
+	if err := other.Flush(); err != nil { // r2 has read whatever the coordinator sent it before
+		t.Fatal(err)
+	}
+	if n, _, err := otherInbox.Pending(); err != nil || n != 0 {
+		t.Fatalf("runner r2's inbox got %d messages (%v), want none", n, err)
+	}
+}
+
+// TestWorkStreamTakesOnlyWork: the work stream takes in only its ingest subjects, whose key runners
+// cannot read, so an answer of JetStream to a runner, which goes to whatever reply the runner names,
+// is never stored as work. Before, the stream took in sbx.v1.work.>: the acknowledgement of an event
+// publish aimed at a pool no runner serves stayed there, and enough of them filled the stream.
+func TestWorkStreamTakesOnlyWork(t *testing.T) {
+	nc := startNATS(t)
+	c := startCoordinator(t, nc, t.TempDir())
+	ctx := t.Context()
+	rc := connectRunner(t, nc, "r1")
+	trap := proto.WorkSubject("trap", proto.CapPlain)
+	if err := rc.PublishRequest(proto.StateSubject("r1", "j1"), trap, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	// The event stream answers in order: once the second publish is acknowledged, the first
+	// acknowledgement went out.
+	rjs, err := jetstream.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rjs.Publish(ctx, proto.StateSubject("r1", "j2"), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.bus.work.GetLastMsgForSubject(ctx, trap); !errors.Is(err, jetstream.ErrMsgNotFound) {
-		t.Fatalf("something was stored on %s: %v", trap, err)
+		t.Fatalf("an acknowledgement was stored as work on %s: %v", trap, err)
+	}
+	// Work the coordinator queues is stored under its work subject, where its consumer reads it.
+	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "true", Cwd: "/", Pool: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.bus.work.GetMsg(ctx, res.Job.WorkSeq)
+	if err != nil || m.Subject != proto.WorkSubject("p", proto.CapPlain) {
+		t.Fatalf("work stored as %+v (%v), want on %s", m, err, proto.WorkSubject("p", proto.CapPlain))
 	}
 }
