@@ -3,6 +3,7 @@ package natsbus
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,6 +193,14 @@ func TestWorkGoesToTheRunnersInbox(t *testing.T) {
 	w, err := proto.DecodeWork(msg.Data())
 	if err != nil || w.JobID != res.Job.ID {
 		t.Fatalf("work %+v, %v", w, err)
+	}
+	// Nothing a runner sees of its work names the work stream's key.
+	seen := fmt.Sprint(msg.Subject(), msg.Reply(), msg.Headers())
+	if info, err := cons.Info(ctx); err == nil {
+		seen += fmt.Sprintf("%+v", *info)
+	}
+	if strings.Contains(seen, c.bus.workKey) {
+		t.Fatalf("a runner sees the work key %s in %s", c.bus.workKey, seen)
 	}
 	// The confirmation's forwarder has handled the bad request once it answers a good one.
 	if m, err := rc.Request(proto.ConfirmSubject("r1"), proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: res.Job.ID}), 5*time.Second); err != nil {
