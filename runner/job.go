@@ -175,7 +175,7 @@ const confirmRetry = 2 * time.Second
 func (r *Runner) confirm(ctx context.Context, id string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	m, err := r.nc.RequestWithContext(ctx, proto.ConfirmSubject, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}))
+	m, err := r.nc.RequestWithContext(ctx, proto.ConfirmSubject(r.cfg.ID), proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}))
 	if err != nil {
 		return false, fmt.Errorf("confirm %s: %w", id, err)
 	}

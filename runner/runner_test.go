@@ -85,6 +85,13 @@ func newHarnessWith(t *testing.T, eventBytes int64) *harness {
 	if _, err := js.CreateStream(ctx, events); err != nil {
 		t.Fatal(err)
 	}
+	// The coordinator forwards the runners' pulls to JetStream (natsbus checks the reply too).
+	if _, err := nc.Subscribe(proto.PullSubjects, func(m *nats.Msg) {
+		_, api, _ := strings.Cut(strings.TrimPrefix(m.Subject, proto.PullPrefix("")), ".")
+		_ = nc.PublishMsg(&nats.Msg{Subject: "$JS.API." + api, Reply: m.Reply, Data: m.Data})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// The coordinator creates the work consumers; runners only bind to them.
 	for _, c := range []string{proto.CapPlain, proto.CapReadonly} {
 		if _, err := js.CreateConsumer(ctx, proto.WorkStream, jetstream.ConsumerConfig{
@@ -436,7 +443,7 @@ func (h *harness) submitWork(subject string, w *proto.Work) string {
 func (h *harness) heartbeats(runnerID string) <-chan *proto.Heartbeat {
 	h.t.Helper()
 	ch := make(chan *proto.Heartbeat, 64)
-	sub, err := h.nc.Subscribe(proto.HeartbeatSubject(runnerID), func(m *nats.Msg) {
+	sub, err := h.nc.Subscribe(proto.HeartbeatSubject(runnerID, "*"), func(m *nats.Msg) {
 		hb, err := proto.DecodeHeartbeat(m.Data)
 		if err != nil {
 			h.t.Error(err)

@@ -127,12 +127,12 @@ func (e *toolError) Error() string { return "tool error: " + e.text }
 // through the sbx binary on stdio and through the coordinator's /mcp, all against one sbx serve.
 func TestMCP(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("mcp-test-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte("mcp-test-token-mcp-test-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s := startServe(t, "--token-file", tokenFile, "--mcp-max-block", "2s")
 	backend := func(session string) *client.Client {
-		c := client.New(s.addr, "mcp-test-token")
+		c := client.New(s.addr, "mcp-test-token-mcp-test-token")
 		c.Session = session
 		return c
 	}
@@ -188,10 +188,10 @@ func TestMCP(t *testing.T) {
 		testMCPPush(t, func() *mcpClient { return connectMCP(t, backend("push"), mcpConfig{Cwd: cwd}) })
 	})
 	t.Run("stdio", func(t *testing.T) {
-		testMCPStdio(t, s.addr, "mcp-test-token", cwd)
+		testMCPStdio(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
 	})
 	t.Run("http", func(t *testing.T) {
-		testMCPHTTP(t, s.addr, "mcp-test-token", cwd)
+		testMCPHTTP(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
 	})
 }
 

@@ -358,7 +358,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	runnerCreds, err := auth.RunnerCreds(rf.id, rf.pool)
+	runnerCreds, err := auth.RunnerCreds(rf.id, rf.pool, 0)
 	if err != nil {
 		return usageError("--id: %v", err)
 	}
@@ -422,8 +422,12 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 	nf.register(fs)
 	enrollKey := fs.String("enroll-key", "", "file (mode 0600) holding the enroll key: enables POST /v1/enroll, which gives runners holding the key creds for the id they ask (needs --nats-account-key)")
 	accountKey := fs.String("nats-account-key", "", "the account key (account.nk of sbx auth init) that signs enrolled runners' creds")
+	enrollTTL := fs.Duration("enroll-creds-ttl", defaultEnrollTTL, "how long enrolled runners' creds are valid; runners renew them at two thirds")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *enrollTTL < 3*time.Second {
+		return usageError("--enroll-creds-ttl %s must be at least 3s", *enrollTTL)
 	}
 	if nf.url == "" {
 		return usageError("coordinator: --nats URL is required")
@@ -450,7 +454,7 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		if err != nil {
 			return fmt.Errorf("--nats-account-key: %w", err)
 		}
-		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: &enroller{key: key, auth: auth, log: log}}
+		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: newEnroller(key, auth, *enrollTTL, log)}
 		api.cfg.OwnCredential = []string{enrollPath}
 	}
 	nc, err := dial(ctx, log, "sbx-coordinator", nf.url, append(opts, coordinatorConn())...)
@@ -494,6 +498,9 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if rf.id, err = nf.runnerIDFromCreds(rf.id); err != nil {
 		return err
 	}
+	if err := nf.checkCredsPool(rf.pool); err != nil {
+		return err
+	}
 	if rf.id == "" {
 		if rf.id, err = runner.DefaultID(); err != nil {
 			return err
@@ -503,21 +510,16 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if err != nil {
 		return err
 	}
+	var enrolled *enrolledCreds
 	if *enrollURL != "" {
 		key, err := readToken(*enrollKeyFile)
 		if err != nil {
 			return fmt.Errorf("--enroll-key-file: %w", err)
 		}
-		creds, err := enroll(ctx, *enrollURL, key, rf.id, rf.pool)
-		if err != nil {
+		if enrolled, err = enrollRunner(ctx, *enrollURL, key, rf.id, rf.pool); err != nil {
 			return err
 		}
-		// The creds stay in memory: nothing on disk for a job to find.
-		user, err := credsOption(creds)
-		if err != nil {
-			return err
-		}
-		opts = append(opts, user)
+		opts = append(opts, enrolled.option())
 	}
 	secrets, err := absPaths(nf.creds, nf.tlsKey, *enrollKeyFile)
 	if err != nil {
@@ -529,6 +531,12 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 		return err
 	}
 	defer nc.Close()
+	if enrolled != nil {
+		renewCtx, stopRenew := context.WithCancel(ctx)
+		renewed := make(chan struct{})
+		go func() { defer close(renewed); enrolled.renew(renewCtx, nc, log) }()
+		defer func() { stopRenew(); <-renewed }()
+	}
 	return serveRunner(ctx, nc, rf, secrets, log)
 }
 
@@ -720,9 +728,12 @@ func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []s
 	return r.Run(ctx)
 }
 
+// minSecret is the shortest token or enroll key sbx accepts, in bytes.
+const minSecret = 16
+
 // readToken reads the bearer token from a file; no file means no token. A file that group or
 // others may read or write is refused, as ssh refuses such a private key: the token is a root shell
-// on every runner.
+// on every runner. A secret under minSecret bytes is refused too.
 func readToken(path string) (string, error) {
 	if path == "" {
 		return "", nil
@@ -741,6 +752,10 @@ func readToken(path string) (string, error) {
 	token := strings.TrimSpace(string(b))
 	if token == "" {
 		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	// A short secret is guessed: the enroll route once took 6,276 keys a second.
+	if len(token) < minSecret {
+		return "", fmt.Errorf("%s holds a secret of %d bytes: use at least %d (head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %s)", path, len(token), minSecret, path)
 	}
 	return token, nil
 }

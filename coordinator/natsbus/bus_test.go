@@ -38,6 +38,17 @@ func startNATS(t *testing.T) *nats.Conn {
 	return nc
 }
 
+// connectRunner connects to nc's server as runner id does: with the runner's inbox prefix.
+func connectRunner(t *testing.T, nc *nats.Conn, id string) *nats.Conn {
+	t.Helper()
+	rc, err := nats.Connect(nc.ConnectedUrl(), nats.CustomInboxPrefix(proto.RunnerInbox(id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close)
+	return rc
+}
+
 // coordinatorLife is one life of a coordinator: its store, bus and service, consuming until stop.
 type coordinatorLife struct {
 	svc  *coordinator.Service
@@ -53,6 +64,12 @@ func startCoordinator(t *testing.T, nc *nats.Conn, dir string) *coordinatorLife 
 // startCoordinatorWith starts a life whose consumer feeds the handler wrap makes of the service.
 func startCoordinatorWith(t *testing.T, nc *nats.Conn, dir string, wrap func(*coordinator.Service) Handler) *coordinatorLife {
 	t.Helper()
+	return startCoordinatorConfig(t, nc, dir, Config{}, wrap)
+}
+
+// startCoordinatorConfig starts a life whose bus has cfg.
+func startCoordinatorConfig(t *testing.T, nc *nats.Conn, dir string, cfg Config, wrap func(*coordinator.Service) Handler) *coordinatorLife {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	db, err := store.Open(filepath.Join(dir, "sbx.db"))
 	if err != nil {
@@ -62,7 +79,7 @@ func startCoordinatorWith(t *testing.T, nc *nats.Conn, dir string, wrap func(*co
 	if err != nil {
 		t.Fatal(err)
 	}
-	bus, err := New(ctx, nc, Config{})
+	bus, err := New(ctx, nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +314,7 @@ func TestForgedHeartbeat(t *testing.T) {
 			break // the assertions below say which one was missed
 		}
 		for _, hb := range []*proto.Heartbeat{forged, &honest} {
-			if err := nc.Publish(proto.HeartbeatSubject("r2"), proto.Encode(hb)); err != nil {
+			if err := nc.Publish(proto.HeartbeatSubject("r2", "default"), proto.Encode(hb)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -438,9 +455,10 @@ func TestConfirmStart(t *testing.T) {
 	if lo, hi := before.Add(c.bus.cfg.PublishTimeout).UnixMilli(), time.Now().Add(c.bus.cfg.PublishTimeout).UnixMilli(); w.NotAfter < lo || w.NotAfter > hi {
 		t.Fatalf("not_after %d, want the publish deadline in [%d, %d]", w.NotAfter, lo, hi)
 	}
+	rc := connectRunner(t, nc, "r1")
 	ask := func() string {
 		t.Helper()
-		m, err := nc.Request(proto.ConfirmSubject, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}), 5*time.Second)
+		m, err := rc.Request(proto.ConfirmSubject("r1"), proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}), 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
