@@ -42,6 +42,12 @@ type Process struct {
 	in    *os.File // the write end of the job's stdin (Spec.Stdin), or its terminal's master (Spec.TTY); nil when it reads /dev/null
 	// tty: the job runs on a terminal (Spec.TTY), in is its master; readonly: inside bwrap.
 	tty, readonly bool
+	// hasInput: the job has an input (a pipe or a terminal), input is that file's identity, which
+	// Activity looks for among the files its processes read; supervisor is the absolute path of a
+	// readonly job's bwrap, whose processes only wait for the command.
+	hasInput   bool
+	input      fileID
+	supervisor string
 
 	done   chan struct{} // closed when result and err are set and the cgroup is gone
 	result Result
@@ -152,6 +158,20 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		cmd.Stdin, in = inR, inW
 		childEnds, parentEnds = append(childEnds, inR), append(parentEnds, inW)
 	}
+	var inputID fileID
+	if in != nil {
+		if inputID, err = fstatID(in); err != nil {
+			closeAll()
+			return fail(err)
+		}
+		if term != nil {
+			// A terminal's two sides are two files: the processes read the slave.
+			if inputID, err = fstatID(term.slave); err != nil {
+				closeAll()
+				return fail(err)
+			}
+		}
+	}
 	started, err := prepare(cmd)
 	if err != nil {
 		closeAll()
@@ -159,8 +179,11 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 	}
 	p := &Process{
 		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{}), tty: term != nil}, errs: errs, in: in, done: make(chan struct{}),
-		tty: term != nil, readonly: spec.Readonly,
+		tty: term != nil, readonly: spec.Readonly, hasInput: in != nil, input: inputID,
 		kicked: make(chan struct{}), release: release, linger: spec.Linger,
+	}
+	if spec.Readonly {
+		p.supervisor = spec.Path // Manager.Start made it bwrap
 	}
 	startErr := make(chan error, 1)
 	go p.run(cmd, childEnds, started, startErr)
