@@ -146,8 +146,10 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		waited <- res
 	}()
 	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Claim: j.claim, Pid: proc.Pid()})
+	stopWatching := r.watchActivity(ctx, j, w, proc, log)
 	written := r.pump(ctx, j, proc, started, w.Limits.OutputBytes, log)
 	res := <-waited
+	stopWatching()
 
 	j.mu.Lock()
 	reason, why := j.reason, j.why
