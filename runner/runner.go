@@ -78,7 +78,7 @@ type Config struct {
 	// ScanInterval is how often a running job's processes are looked at in /proc, for whether they
 	// wait for input and the ports they listen on (1 s); negative: never.
 	ScanInterval time.Duration
-	Logger        *slog.Logger
+	Logger       *slog.Logger
 }
 
 // DefaultID is a runner's id when none is given: the host name, with every character that cannot be
