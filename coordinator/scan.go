@@ -16,6 +16,9 @@ const scanOverlap = 64 << 10
 type scanner struct {
 	re      *regexp.Regexp
 	scanned int64
+	// tty: the output is a terminal's, matched without its escape sequences (the offset is still
+	// the raw output's).
+	tty bool
 }
 
 // match is where a pattern matched a job's output: the matched bytes (cut to MaxMatchBytes) and the
@@ -51,13 +54,40 @@ func (sc *scanner) advance(out OutputStore, id string, size int64) (*match, erro
 		}
 	}
 	sc.scanned = size
+	var pos []int
+	rawLen := len(buf)
+	if sc.tty {
+		buf, pos = screenLines(buf)
+	}
 	loc := sc.re.FindIndex(buf)
 	if loc == nil {
 		return nil, nil
 	}
 	text := buf[loc[0]:loc[1]]
+	if pos != nil {
+		if loc[0] < len(pos) {
+			loc[0] = pos[loc[0]]
+		} else {
+			loc[0] = rawLen // an empty match at the end
+		}
+	}
 	if len(text) > MaxMatchBytes {
 		text = text[:MaxMatchBytes]
 	}
 	return &match{text: bytes.Clone(text), offset: from + int64(loc[0])}, nil
+}
+
+// screenLines is a terminal's output as text to match: without escape sequences (stripANSI), and
+// with its line ends "\r\n" made "\n" so that $ matches at them. pos maps each byte back to b.
+func screenLines(b []byte) ([]byte, []int) {
+	out, pos := stripANSI(b, true)
+	n := 0
+	for k := range out {
+		if out[k] == '\r' && k+1 < len(out) && out[k+1] == '\n' {
+			continue
+		}
+		out[n], pos[n] = out[k], pos[k]
+		n++
+	}
+	return out[:n], pos[:n]
 }
