@@ -32,6 +32,7 @@ type (
 		Shell              string            `json:"shell,omitempty" jsonschema:"bash (the default where the runner has it) or sh"`
 		User               string            `json:"user,omitempty" jsonschema:"user to run as, among those the runner allows (default: the runner's)"`
 		Stdin              bool              `json:"stdin,omitempty" jsonschema:"give the job an input that the send tool writes to (default: /dev/null); for commands that ask questions"`
+		TTY                bool              `json:"tty,omitempty" jsonschema:"run on a pseudo-terminal (24x80): prompts that need a terminal show, and the send tool types on it; notifications and patterns see the text without escape sequences"`
 		Linger             bool              `json:"linger,omitempty" jsonschema:"keep the job until its output closes, not only until the shell exits: for a command that starts background children whose output you want"`
 		Pool               string            `json:"pool,omitempty" jsonschema:"pool of runners (default: default)"`
 		Session            string            `json:"session,omitempty" jsonschema:"session of the job (default: this connection's)"`
@@ -200,7 +201,7 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	}
 	sr := client.StartRequest{
 		Command: in.Command, Cwd: cmp.Or(in.Cwd, t.cfg.Cwd), Title: in.Title, Env: in.Env, Readonly: in.Readonly,
-		Shell: in.Shell, User: in.User, Stdin: in.Stdin, Linger: in.Linger, Pool: in.Pool, Session: in.Session,
+		Shell: in.Shell, User: in.User, Stdin: in.Stdin, TTY: in.TTY, Linger: in.Linger, Pool: in.Pool, Session: in.Session,
 		Monitor: in.Monitor, Persistent: in.Persistent, NotificationFormat: in.NotificationFormat,
 	}
 	if sr.Cwd == "" {
