@@ -75,7 +75,7 @@ type (
 		Limit  int64  `json:"limit,omitempty" jsonschema:"at most this many bytes (default 30720, at most 262144)"`
 	}
 	mcpSend struct {
-		ID    string `json:"id" jsonschema:"the job id; the job must have been started with stdin: true"`
+		ID    string `json:"id" jsonschema:"the job id; the job must have been started with stdin: true or tty: true"`
 		Text  string `json:"text,omitempty" jsonschema:"bytes written as they are: end with \n to answer a prompt, e.g. \"y\\n\" (at most 64 KiB)"`
 		Close bool   `json:"close,omitempty" jsonschema:"close the input after the text (end of file)"`
 	}
@@ -165,7 +165,7 @@ One call waits at most about 50 s; when the job is still running then and time i
 		Description: `Stop a job and every process it started (TERM to each, then KILL to whatever is left after 2 s). Returns the job. Killing a job that already ended is an error (conflict). Another signal (INT, HUP, ...) only reaches its process group.`},
 		t.kill)
 	mcp.AddTool(s, &mcp.Tool{Name: "send", Annotations: &mcp.ToolAnnotations{Title: "Write to a job's input", DestructiveHint: hint(true), OpenWorldHint: hint(false)},
-		Description: `Write text to the input of a job started with stdin: true, e.g. to answer a prompt a "stall" notification reported ({"id":ID,"text":"y
+		Description: `Write text to the input of a job started with stdin: true (or typed on its terminal, tty: true), e.g. to answer a prompt a "stall" notification reported ({"id":ID,"text":"y
 "}), or feed a REPL; close: true ends the input (EOF). Text is written as it is: end it with a newline to send a line. A job without stdin, an ended one, or one that does not read within 3 s is an error. Then wait with offset to see what it printed.`},
 		t.send)
 	mcp.AddTool(s, &mcp.Tool{Name: "notifications", Annotations: readOnly,
