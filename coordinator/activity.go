@@ -37,7 +37,7 @@ func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *proto.Event
 	var notes []note
 	for _, p := range e.Ports {
 		key := portText(p)
-		if l.portsSeen[key] || slices.Contains(j.Ports, p) {
+		if l.portsSeen[key] || slices.Contains(j.Ports, p) || len(l.portsSeen) >= MaxPortNotes {
 			continue
 		}
 		if l.portsSeen == nil {
@@ -58,6 +58,10 @@ func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *proto.Event
 	l.notify()
 	return nil
 }
+
+// MaxPortNotes bounds the port notifications of one job: a job that opens port after port is
+// still listed, but tells the session only of its first ones.
+const MaxPortNotes = 20
 
 // portText is "127.0.0.1:5173", or "[::1]:5173".
 func portText(p Port) string {

@@ -200,3 +200,19 @@ func TestTTYRequest(t *testing.T) {
 		t.Fatalf("input of a job without stdin: %v", err)
 	}
 }
+
+// TestPortNotesBounded: a job that opens port after port is told about MaxPortNotes of them; its
+// object still lists the ports it has.
+func TestPortNotesBounded(t *testing.T) {
+	e := newEnv(t, func(c *coordinator.Config) { c.RunnerDeadline = 24 * time.Hour })
+	id := e.start(coordinator.StartRequest{})
+	for i := range coordinator.MaxPortNotes + 5 {
+		e.event(activity(id, int64(i+1), e.clk.Now(), time.Time{}, proto.Port{Address: "127.0.0.1", Port: 10000 + i}))
+	}
+	if n := len(e.notes("default", 0)); n != coordinator.MaxPortNotes {
+		t.Fatalf("%d port notifications, want %d", n, coordinator.MaxPortNotes)
+	}
+	if j, _ := e.svc.Job(t.Context(), id); len(j.Ports) != 1 || j.Ports[0].Port != 10000+coordinator.MaxPortNotes+4 {
+		t.Fatalf("ports %+v", j.Ports)
+	}
+}

@@ -331,6 +331,12 @@ func (cc *clientCmd) status(ctx context.Context, fs *flag.FlagSet, args []string
 	if j.Error != "" {
 		fmt.Fprintf(cc.stdout, "error: %s\n", j.Error)
 	}
+	if j.TTYSize != nil {
+		fmt.Fprintf(cc.stdout, "tty: %dx%d\n", j.TTYSize.Rows, j.TTYSize.Cols)
+	}
+	for _, p := range j.Ports {
+		fmt.Fprintf(cc.stdout, "listening: %s\n", net.JoinHostPort(p.Address, strconv.Itoa(p.Port)))
+	}
 	return nil
 }
 

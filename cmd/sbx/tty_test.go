@@ -118,6 +118,9 @@ func TestPortEndToEnd(t *testing.T) {
 	if len(j.Ports) != 1 || net.JoinHostPort(j.Ports[0].Address, port) != addr {
 		t.Fatalf("job ports %+v", j.Ports)
 	}
+	if out, err := s.sbx(t, "status", id); err != nil || !strings.Contains(out, "listening: "+addr+"\n") {
+		t.Fatalf("status: %q, %v", out, err)
+	}
 	got := s.events(t, "ports", "detail: listening on "+addr+"\n")
 	if strings.Count(got, "listening on") != 1 {
 		t.Fatalf("port notifications:\n%s", got)
