@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -68,6 +70,7 @@ type (
 		TimeoutMS *int64 `json:"timeout_ms,omitempty" jsonschema:"give up after this many milliseconds (default 30000, at most 7140000); one call waits at most about 50 s and returns a continuation with the time left"`
 		Pattern   string `json:"pattern,omitempty" jsonschema:"return as soon as this RE2 pattern matches the output so far (^ and $ match at line ends), e.g. \"listening on|ready\""`
 		Offset    int64  `json:"offset,omitempty" jsonschema:"show output from this byte on (the output_end of the previous result), at most its last 30 KiB"`
+		Port      string `json:"port,omitempty" jsonschema:"return as soon as the job listens on this TCP port, e.g. \"5173\", or on any: \"any\" (for a server: ready when it listens)"`
 	}
 	mcpOutput struct {
 		ID     string `json:"id" jsonschema:"the job id"`
@@ -112,6 +115,9 @@ type mcpJobResult struct {
 	OutputOffset   int64       `json:"output_offset" jsonschema:"byte offset of the first byte of output"`
 	OutputEnd      int64       `json:"output_end" jsonschema:"byte offset after the last byte of output: the offset to read on from"`
 	Next           *mcpNext    `json:"next,omitempty" jsonschema:"the call that goes on waiting, when this one returned at its time budget"`
+
+	// Port is the address wait's port is listened on, once it is.
+	Port *client.Port `json:"port,omitempty" jsonschema:"the address wait's port is listened on, once it is"`
 }
 
 // mcpNext is a continuation: the tool to call next and its arguments.
@@ -230,7 +236,7 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	switch {
 	case res.Done:
 	case asked > time.Since(start):
-		res.Next = t.waitNext(res, asked-time.Since(start), "")
+		res.Next = t.waitNext(res, asked-time.Since(start), "", "")
 		note = t.stillRunning(res)
 	case asked > 0:
 		note = fmt.Sprintf("Still %s after the %s asked; it goes on in the background.\n%s", reply.Job.Status, asked, backgroundHelp(res))
@@ -257,7 +263,7 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 	}
 	start := time.Now()
 	stop := t.progress(ctx, req, budget, "waiting for job "+in.ID)
-	w, err := t.c.Wait(ctx, in.ID, budget, in.Pattern)
+	w, err := t.c.WaitPort(ctx, in.ID, budget, in.Pattern, in.Port)
 	stop()
 	if err != nil {
 		return nil, nil, err
@@ -266,7 +272,7 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 	if err != nil {
 		return nil, nil, err
 	}
-	res.Done, res.PatternMatched, res.Matched, res.MatchedOffset = w.Done, w.PatternMatched, w.Matched, w.MatchedOffset
+	res.Done, res.PatternMatched, res.Matched, res.MatchedOffset, res.Port = w.Done, w.PatternMatched, w.Matched, w.MatchedOffset, w.Port
 	var note string
 	switch {
 	case w.Done:
@@ -276,8 +282,10 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 			note += fmt.Sprintf(" %q at byte %d", *w.Matched, *w.MatchedOffset)
 		}
 		note += fmt.Sprintf("; the job is still %s.", w.Job.Status)
+	case w.Port != nil:
+		note = fmt.Sprintf("The job listens on %s; it is still %s.", net.JoinHostPort(w.Port.Address, strconv.Itoa(w.Port.Port)), w.Job.Status)
 	case asked > time.Since(start):
-		res.Next = t.waitNext(res, asked-time.Since(start), in.Pattern)
+		res.Next = t.waitNext(res, asked-time.Since(start), in.Pattern, in.Port)
 		note = t.stillRunning(res)
 	default:
 		note = fmt.Sprintf("Still %s after %s.", w.Job.Status, asked)
@@ -311,10 +319,13 @@ func (t *mcpTools) sleep(ctx context.Context, req *mcp.CallToolRequest, in mcpWa
 }
 
 // waitNext is the wait call that goes on waiting for left more.
-func (t *mcpTools) waitNext(res *mcpJobResult, left time.Duration, pattern string) *mcpNext {
+func (t *mcpTools) waitNext(res *mcpJobResult, left time.Duration, pattern, port string) *mcpNext {
 	args := map[string]any{"id": res.Job.ID, "timeout_ms": max(left, time.Millisecond).Milliseconds(), "offset": res.OutputEnd}
 	if pattern != "" {
 		args["pattern"] = pattern
+	}
+	if port != "" {
+		args["port"] = port
 	}
 	return &mcpNext{Tool: "wait", Arguments: args}
 }
