@@ -176,3 +176,35 @@ func TestTTYSpec(t *testing.T) {
 		t.Fatalf("validate = %v, want ErrInvalidSpec", err)
 	}
 }
+
+// TestTTYAsUser: a job run as another user reads and writes its terminal, and its processes are
+// still seen waiting on it.
+func TestTTYAsUser(t *testing.T) {
+	eachTTYMode(t, func(t *testing.T, m *Manager, readonly bool) {
+		spec := bashTTY(fmt.Sprintf("user-%t", readonly), `id -u; stty size; exec 3</dev/tty && echo devtty=ok; read -p 'name? ' x; echo got=$x`, readonly)
+		spec.Credential = &Credential{UID: 65534, GID: 65534}
+		p, err := m.Start(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := watchScreen(p.Output())
+		s.await(t, "name? ")
+		awaitActivity(t, p, "waiting for input", func(a Activity) bool { return a.WaitingForInput })
+		if _, err := p.Input().Write([]byte("ann\n")); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
+			t.Fatalf("Wait = %+v, %v", res, err)
+		}
+		out := s.end(t)
+		want := []string{"65534\r\n", "30 100\r\n", "got=ann\r\n"}
+		if !readonly {
+			want = append(want, "devtty=ok") // inside bwrap's new session there is no controlling terminal
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("output %q lacks %q", out, w)
+			}
+		}
+	})
+}
