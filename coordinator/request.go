@@ -36,6 +36,9 @@ type StartRequest struct {
 	Linger bool
 	// Stdin gives the job an input pipe, written with Input; else it reads /dev/null.
 	Stdin bool
+	// TTY runs the job on a pseudo-terminal of TTYSize (nil: 24×80); Input types on it.
+	TTY     bool
+	TTYSize *TTYSize
 	// Shell is "sh", "bash" or "" for the runner's default (bash where installed).
 	Shell      string
 	Pool       string
@@ -63,6 +66,8 @@ func (r *StartRequest) validateSource() error {
 		return Errorf(EINVALID, "source: a readonly job has no network; a WebSocket source cannot be readonly.")
 	case r.Stdin:
 		return Errorf(EINVALID, "stdin: a WebSocket source takes no input.")
+	case r.TTY:
+		return Errorf(EINVALID, "tty: a WebSocket source has no terminal.")
 	}
 	if err := r.Source.Validate(); err != nil {
 		return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
@@ -159,6 +164,14 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	}
 	if _, err := ParseFormat("notification_format", string(r.NotificationFormat)); err != nil {
 		return err
+	}
+	if r.TTYSize != nil {
+		if !r.TTY {
+			return Errorf(EINVALID, "tty_size applies only to a job with tty: true.")
+		}
+		if err := r.TTYSize.Validate("tty_size"); err != nil {
+			return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
+		}
 	}
 	if r.Persistent && !r.Monitor {
 		return Errorf(EINVALID, "persistent applies only to a monitor: set monitor as well.")

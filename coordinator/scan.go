@@ -29,6 +29,9 @@ const (
 // matched, the match is kept.
 type scanner struct {
 	re *regexp.Regexp
+	// tty: the output is a terminal's, matched without its escape sequences (the offset is still
+	// the raw output's).
+	tty bool
 
 	mu      sync.Mutex
 	scanned int64  // the output up to here was scanned
@@ -48,8 +51,9 @@ const MaxMatchBytes = 4096
 // scanKey names a scanner: the job and the pattern's source.
 type scanKey struct{ job, pattern string }
 
-// scanner returns the scanner of a job and pattern, made when there is none.
-func (s *Service) scanner(job string, re *regexp.Regexp) *scanner {
+// scanner returns the scanner of a job and pattern, made when there is none; tty says whether the
+// job's output is a terminal's.
+func (s *Service) scanner(job string, re *regexp.Regexp, tty bool) *scanner {
 	key := scanKey{job, re.String()}
 	s.scanMu.Lock()
 	defer s.scanMu.Unlock()
@@ -62,7 +66,7 @@ func (s *Service) scanner(job string, re *regexp.Regexp) *scanner {
 			break
 		}
 	}
-	sc := &scanner{re: re}
+	sc := &scanner{re: re, tty: tty}
 	s.scans[key] = sc
 	return sc
 }
@@ -113,14 +117,41 @@ func (sc *scanner) step(out OutputStore, id string, size int64, scanned func(int
 		}
 	}
 	sc.scanned = end
+	var pos []int
+	rawLen := len(buf)
+	if sc.tty {
+		buf, pos = screenLines(buf)
+	}
 	loc := sc.re.FindIndex(buf)
 	if loc == nil {
 		return nil
 	}
 	text := buf[loc[0]:loc[1]]
+	if pos != nil {
+		if loc[0] < len(pos) {
+			loc[0] = pos[loc[0]]
+		} else {
+			loc[0] = rawLen // an empty match at the end
+		}
+	}
 	if len(text) > MaxMatchBytes {
 		text = text[:MaxMatchBytes]
 	}
 	sc.found = &match{text: bytes.Clone(text), offset: from + int64(loc[0])}
 	return nil
+}
+
+// screenLines is a terminal's output as text to match: without escape sequences (stripANSI), and
+// with its line ends "\r\n" made "\n" so that $ matches at them. pos maps each byte back to b.
+func screenLines(b []byte) ([]byte, []int) {
+	out, pos := stripANSI(b, true)
+	n := 0
+	for k := range out {
+		if out[k] == '\r' && k+1 < len(out) && out[k+1] == '\n' {
+			continue
+		}
+		out[n], pos[n] = out[k], pos[k]
+		n++
+	}
+	return out[:n], pos[:n]
 }

@@ -33,6 +33,9 @@ type Config struct {
 	NotifyInterval time.Duration
 	// StallAfter is how long output must stay unchanged before a prompt-like last line notifies (30 s).
 	StallAfter time.Duration
+	// InputStallAfter is how long a job's processes must all wait for input, as its runner sees them
+	// in /proc, before the job's stall is notified whatever its last line (10 s).
+	InputStallAfter time.Duration
 	// MinDebounce is the shortest notify_on_output debounce accepted (5 s); tests lower it.
 	MinDebounce time.Duration
 	// MonitorMaxLines lines per MonitorWindow are the most a monitor may print; more stops it
@@ -81,6 +84,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.StallAfter == 0 {
 		c.StallAfter = 30 * time.Second
+	}
+	if c.InputStallAfter == 0 {
+		c.InputStallAfter = 10 * time.Second
 	}
 	if c.MinDebounce == 0 {
 		c.MinDebounce = DefaultDebounce
@@ -185,6 +191,12 @@ type liveJob struct {
 	// budgetCut: the job was stopped because the output of all jobs reached OutputBudget; it ends
 	// with reason output_limit.
 	budgetCut bool
+	// inputSince is when the job's processes began to wait for input, by this coordinator's clock
+	// (zero: they do not), from the runner's activity events, the latest of which is activitySeq;
+	// portsSeen are the ports already notified.
+	inputSince  time.Time
+	activitySeq int64
+	portsSeen   map[string]bool
 }
 
 // span is a byte range [off, end) of a job's output.
@@ -351,6 +363,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Source: req.Source, Cwd: req.Cwd,
 		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		TTY: req.TTY, TTYSize: req.TTYSize,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
 		NotificationFormat: req.NotificationFormat, Claim: newClaim(),
 	}
@@ -365,7 +378,8 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
 		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
 		Claim:          job.Claim,
-		SeparateStderr: job.Monitor, Source: job.Source,
+		SeparateStderr: job.Monitor && !job.TTY, Source: job.Source, // a terminal has one output
+		TTY: job.TTY, TTYSize: job.TTYSize,
 	}
 
 	s.mu.Lock()
@@ -402,7 +416,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 
 	res := &StartResult{Job: s.snapshot(job.ID, job)}
 	if req.BlockUntil > 0 {
-		w, err := s.wait(ctx, job.ID, l, req.BlockUntil, nil)
+		w, err := s.wait(ctx, job.ID, l, req.BlockUntil, WaitCond{})
 		if err != nil {
 			return nil, err
 		}
@@ -488,6 +502,27 @@ type WaitResult struct {
 	// Matched is the text the pattern matched (at most MaxMatchBytes), at MatchedOffset in the output.
 	Matched       string
 	MatchedOffset int64
+	// Port is the port the wait asked for (WaitCond.Port, AnyPort), once the job listens on it.
+	Port *Port
+}
+
+// WaitCond is what a wait returns on besides the job's end and its timeout.
+type WaitCond struct {
+	// Pattern matches the output so far (a tty job's without escape sequences).
+	Pattern *regexp.Regexp
+	// Port: once the job listens on this TCP port; AnyPort: on any.
+	Port    int
+	AnyPort bool
+}
+
+// port returns the port of j that c waits for.
+func (c WaitCond) port(j *Job) (Port, bool) {
+	for _, p := range j.Ports {
+		if c.AnyPort || c.Port != 0 && p.Port == c.Port {
+			return p, true
+		}
+	}
+	return Port{}, false
 }
 
 // Wait returns when the job ends, when pattern (if any) matches its output so far, or after timeout.
@@ -495,6 +530,14 @@ type WaitResult struct {
 //
 // A timeout above MaxWaitTimeout is clamped to it, as the agent tools do.
 func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pattern *regexp.Regexp) (*WaitResult, error) {
+	return s.WaitFor(ctx, id, timeout, WaitCond{Pattern: pattern})
+}
+
+// WaitFor is Wait that also returns when the job listens on a port (cond.Port, cond.AnyPort).
+func (s *Service) WaitFor(ctx context.Context, id string, timeout time.Duration, cond WaitCond) (*WaitResult, error) {
+	if cond.Port < 0 || cond.Port > 65535 {
+		return nil, Errorf(EINVALID, "port must be between 1 and 65535, or any.")
+	}
 	if timeout < 0 {
 		return nil, Errorf(EINVALID, "timeout_ms must not be negative.")
 	}
@@ -505,25 +548,25 @@ func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pa
 		l.observers++
 	}
 	s.mu.Unlock()
-	return s.wait(ctx, id, l, timeout, pattern)
+	return s.wait(ctx, id, l, timeout, cond)
 }
 
 // wait is Wait for a caller already counted among l's observers (l nil: the job is not live). It
 // uncounts the caller when it returns.
-func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.Duration, pattern *regexp.Regexp) (res *WaitResult, err error) {
+func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.Duration, cond WaitCond) (res *WaitResult, err error) {
 	if l != nil {
 		defer func() { s.unobserve(l, err == nil && res.Done) }()
 	}
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var scan *scanner
-	if pattern != nil {
-		scan = s.scanner(id, pattern)
-	}
 	for {
 		job, size, changed, err := s.watch(ctx, id)
 		if err != nil {
 			return nil, err
+		}
+		if scan == nil && cond.Pattern != nil {
+			scan = s.scanner(id, cond.Pattern, job.TTY)
 		}
 		if scan != nil {
 			m, err := scan.advance(s.out, id, size, func(n int64) { s.scannedBytes.Add(n) })
@@ -533,6 +576,9 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 			if m != nil {
 				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true, Matched: string(m.text), MatchedOffset: m.offset}, nil
 			}
+		}
+		if p, ok := cond.port(job); ok {
+			return &WaitResult{Job: job, Done: job.Status.Ended(), Port: &p}, nil
 		}
 		if changed == nil {
 			return &WaitResult{Job: job, Done: true}, nil
@@ -794,6 +840,8 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 			return err
 		}
 		l.lastGrowth = s.cfg.Now()
+	case proto.EventActivity:
+		return s.activityLocked(ctx, l, e)
 	case proto.EventExited:
 		// Every chunk was stored before the exit event, but one can come back later (a retried
 		// publish, a redelivery): the job ends only once its output is whole, or after
@@ -852,6 +900,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	if j.OutputBytes < l.size {
 		j.OutputBytes = l.size
 	}
+	j.Ports = nil // nothing of the job listens any more
 	if !l.quiet {
 		var notes []note
 		if l.watch != nil {

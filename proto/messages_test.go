@@ -237,6 +237,8 @@ func FuzzDecodeWork(f *testing.F) {
 	w := validWork()
 	f.Add(Encode(&w))
 	f.Add([]byte(`{"v":1,"job_id":"x","command":"a","cwd":"/","pool":"p","limits":{"pids":-1}}`))
+	w.TTY, w.TTYSize = true, &TTYSize{Rows: 24, Cols: 80}
+	f.Add(Encode(&w))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, err := DecodeWork(data)
 		if err != nil {
@@ -252,6 +254,8 @@ func FuzzDecodeWork(f *testing.F) {
 func FuzzDecodeEvent(f *testing.F) {
 	code := 1
 	f.Add(Encode(&Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: time.Now(), ExitCode: &code, Reason: ReasonExit}))
+	since := time.Now()
+	f.Add(Encode(&Event{V: 1, Kind: EventActivity, JobID: "j", Runner: "r", Claim: testClaim, Time: time.Now(), Seq: 1, InputSince: &since, Ports: []Port{{"::1", 80}}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, err := DecodeEvent(data)
 		if err != nil {
@@ -278,6 +282,7 @@ func FuzzDecodeChunk(f *testing.F) {
 
 func FuzzDecodeControl(f *testing.F) {
 	f.Add(Encode(&Control{V: 1, Op: OpKill, JobID: "j"}))
+	f.Add(Encode(&Control{V: 1, Op: OpResize, JobID: "j", Size: &TTYSize{Rows: 24, Cols: 80}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if c, err := DecodeControl(data); err == nil {
 			if err := c.Validate(); err != nil {

@@ -75,7 +75,10 @@ type Config struct {
 	Coalesce time.Duration
 	// PublishWindow is the number of output chunks in flight before the runner waits for acks (64).
 	PublishWindow int
-	Logger        *slog.Logger
+	// ScanInterval is how often a running job's processes are looked at in /proc, for whether they
+	// wait for input and the ports they listen on (1 s); negative: never.
+	ScanInterval time.Duration
+	Logger       *slog.Logger
 }
 
 // DefaultID is a runner's id when none is given: the host name, with every character that cannot be
@@ -155,6 +158,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Coalesce == 0 {
 		c.Coalesce = 2 * time.Millisecond
+	}
+	if c.ScanInterval == 0 {
+		c.ScanInterval = time.Second
 	}
 	if c.PublishWindow == 0 {
 		c.PublishWindow = 64

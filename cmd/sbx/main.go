@@ -67,10 +67,10 @@ Client (SBX_ADDR, default http://127.0.0.1:7070; SBX_TOKEN):
   run [flags] -- COMMAND...   start a job
   ps                          list jobs
   status ID                   show a job
-  wait ID                     wait for a job to end (or --pattern to match)
+  wait ID                     wait for a job to end (or --pattern to match, --port N|any to listen)
   logs [-f] ID                print a job's output
   kill ID                     stop a job
-  send ID TEXT...             write TEXT and a newline to a job's input (started with --stdin)
+  send ID TEXT...             write TEXT and a newline to a job's input (started with --stdin or --tty)
   runners                     list runners
   events [-f] [--session S]   print (and ack) notifications; -f follows
   end-session S               end a session: stop its jobs, without notifications

@@ -69,6 +69,7 @@ type coordinatorFlags struct {
 	allowHosts              stringList
 	insecureNoToken         bool
 	stallAfter              time.Duration
+	inputStallAfter         time.Duration
 	runnerDeadline          time.Duration
 	retainAge               time.Duration
 	retainBytes             string
@@ -90,6 +91,7 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.Var(&c.allowHosts, "allow-host", "a name clients reach the API by, accepted in the Host header besides localhost, 127.0.0.1 and [::1] (repeatable; '*' accepts any and needs --token-file)")
 	fs.BoolVar(&c.insecureNoToken, "insecure-no-token", false, "listen beyond loopback without a token: only for a container whose port is published on the host's loopback alone")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
+	fs.DurationVar(&c.inputStallAfter, "input-stall-after", 10*time.Second, "how long a job's processes must all wait for input (as its runner sees them) before that notifies")
 	fs.DurationVar(&c.runnerDeadline, "runner-deadline", defaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
@@ -639,7 +641,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 		return err
 	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
-		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
+		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, InputStallAfter: cf.inputStallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
 		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk,
 	}, db, terms, bus)
 	if err != nil {

@@ -204,6 +204,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/jobs/{id}/output", s.handleOutput)
 	mux.HandleFunc("POST /v1/jobs/{id}/kill", s.handleKill)
 	mux.HandleFunc("POST /v1/jobs/{id}/stdin", s.handleStdin)
+	mux.HandleFunc("POST /v1/jobs/{id}/resize", s.handleResize)
 	mux.HandleFunc("GET /v1/notifications", s.handleNotifications)
 	mux.HandleFunc("GET /v1/notifications/stream", s.handleStream)
 	mux.HandleFunc("POST /v1/notifications/ack", s.handleAck)
