@@ -19,7 +19,7 @@ import (
 // reaches everything.
 func TestScopedTokenEndToEnd(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("main-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte("main-token-of-the-coordinator\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s := startServe(t, "--token-file", tokenFile)
