@@ -33,7 +33,7 @@ func TestScopedTokenEndToEnd(t *testing.T) {
 		t.Errorf("a prefix that is no session prefix: exit %d, want 2", code(err))
 	}
 
-	main := client.New(s.addr, "main-token")
+	main := client.New(s.addr, "main-token-of-the-coordinator")
 	main.Session = "other"
 	cwd := t.TempDir()
 	started, err := main.Start(ctx, client.StartRequest{Command: "sleep 100", Cwd: cwd})
