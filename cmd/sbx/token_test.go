@@ -35,7 +35,7 @@ func TestScopedTokenEndToEnd(t *testing.T) {
 
 	main := client.New(s.addr, "main-token-of-the-coordinator")
 	main.Session = "other"
-	cwd := t.TempDir()
+	cwd := jobDir(t) // jobs run as sbx-job: a directory it may enter
 	started, err := main.Start(ctx, client.StartRequest{Command: "sleep 100", Cwd: cwd})
 	if err != nil {
 		t.Fatal(err)

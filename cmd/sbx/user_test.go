@@ -151,12 +151,13 @@ func TestSecretFlags(t *testing.T) {
 		}
 		seen := 0
 		for _, line := range strings.Split(help.String(), "\n") {
-			// "  -NAME TYPE" for a flag that takes a value, "  -NAME" for a bool.
-			name, _, ok := strings.Cut(strings.TrimPrefix(line, "  -"), " ")
+			// "  -NAME TYPE" for a flag that takes a value, "  -NAME" for a bool. A secret is a path,
+			// so a string flag (--mcp-max-sessions-per-token is a number).
+			name, typ, ok := strings.Cut(strings.TrimPrefix(line, "  -"), " ")
 			if !strings.HasPrefix(line, "  -") || !ok {
 				continue
 			}
-			secret := regexp.MustCompile(`key|cred|token|secret|password`).MatchString(name)
+			secret := typ == "string" && regexp.MustCompile(`key|cred|token|secret|password`).MatchString(name)
 			if secret && !slices.Contains(secretFlags, name) {
 				t.Errorf("sbx %s --%s names a secret, but jobs are not kept from it (secretFlags)", cmd, name)
 			}
