@@ -213,6 +213,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sessions/{id}/renew", s.handleRenew)
 	mux.HandleFunc("DELETE /v1/sessions/{id}", s.handleEndSession)
 	mux.HandleFunc("GET /v1/runners", s.handleRunners)
+	mux.HandleFunc("GET /v1/openapi.json", s.handleOpenAPI)
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)

@@ -114,7 +114,8 @@ func newHarnessWith(t *testing.T, cfg httpapi.Config, ccfg coordinator.Config) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(httpapi.NewServer(svc, cfg).Handler())
+	// Every exchange of the tests is checked against the API's OpenAPI document (openapi_test.go).
+	srv := httptest.NewServer(checkContract(t, httpapi.NewServer(svc, cfg).Handler(), func(err error) { t.Error(err) }))
 	t.Cleanup(srv.Close)
 	return &harness{t: t, svc: svc, disp: disp, url: srv.URL, cwd: t.TempDir()}
 }
