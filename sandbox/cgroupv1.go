@@ -258,16 +258,26 @@ func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	}
 	cmd.Args = initArgs(cred, procs, cmd.Path, cmd.Args)
 	cmd.Path = "/proc/self/exe"
+	// The init step runs outside the job's cgroup and as the runner's user until it has joined and
+	// dropped, and its dynamic loader reads the environment first: it starts with none, and execs the
+	// job with the job's, which it reads on jobFD.
+	env, err := memfdWith("sbx-init-env", initEnv(cmd.Env))
+	if err != nil {
+		return nil, fmt.Errorf("init environment: %w", err)
+	}
+	cmd.Env = []string{}
 	sr, sw, err := os.Pipe()
 	if err != nil {
+		env.Close()
 		return nil, fmt.Errorf("status pipe: %w", err)
 	}
-	if len(cmd.ExtraFiles) == 0 {
-		cmd.ExtraFiles = []*os.File{nil}
+	for len(cmd.ExtraFiles) < jobFD-2 {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, nil)
 	}
-	cmd.ExtraFiles[statusFD-3] = sw
+	cmd.ExtraFiles[statusFD-3], cmd.ExtraFiles[jobFD-3] = sw, env
 	return func(startErr error) error {
 		sw.Close()
+		env.Close()
 		defer sr.Close()
 		if startErr != nil {
 			return startErr

@@ -3,21 +3,44 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// initArg0 is argv[0] of the v1 init step; MaybeInit recognises the re-executed binary by it, which
-// leaves the environment free to be exactly the job's.
+// initArg0 is argv[0] of the v1 init step; MaybeInit recognises the re-executed binary by it. Its
+// environment is empty (the job's comes on jobFD, initEnv).
 const initArg0 = "sbx-init"
 
 // statusFD is the init step's CLOEXEC status pipe: a failure is written to it; a successful exec
 // closes it with nothing written.
 const statusFD = 3
+
+// initEnv encodes the environment the cold init step reads on jobFD and execs the job with: each
+// KEY=VALUE entry NUL-terminated (Spec.validate refuses NUL bytes in them).
+func initEnv(env []string) []byte {
+	var b []byte
+	for _, kv := range env {
+		b = append(append(b, kv...), 0)
+	}
+	return b
+}
+
+// parseInitEnv reverses initEnv.
+func parseInitEnv(b []byte) ([]string, error) {
+	if len(b) == 0 {
+		return []string{}, nil
+	}
+	if b[len(b)-1] != 0 {
+		return nil, errors.New("init: malformed environment")
+	}
+	return strings.Split(string(b[:len(b)-1]), "\x00"), nil
+}
 
 // initArgs encodes the init step's argv: initArg0, the credential (Credential.String), the number of
 // cgroup.procs files, those files, then the program's path and argv.
@@ -93,8 +116,17 @@ func initStep(args []string) error {
 	if _, err := unix.FcntlInt(statusFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
 		return fmt.Errorf("init status pipe: %w", err)
 	}
-	// The environment is exactly what Start passed, which is the job's.
-	err = unix.Exec(path, argv, os.Environ())
+	f := os.NewFile(jobFD, "env")
+	b, err := io.ReadAll(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("init: read environment: %w", err)
+	}
+	env, err := parseInitEnv(b)
+	if err != nil {
+		return err
+	}
+	err = unix.Exec(path, argv, env)
 	return fmt.Errorf("exec %s: %w", path, err)
 }
 

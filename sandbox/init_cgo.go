@@ -22,8 +22,6 @@ package sandbox
 #include <sys/prctl.h>
 #include <unistd.h>
 
-extern char **environ;
-
 // sbx_init_fail reports a failure on the status pipe (fd 3) and exits.
 static void sbx_init_fail(const char *what, const char *arg) {
 	char buf[1024];
@@ -111,13 +109,8 @@ static long sbx_count(const char *s, long avail) {
 	return n;
 }
 
-// sbx_warm tells the runner it joined its cgroups (one '+' on the status pipe), waits for the job on
-// fd 5: NUL-terminated fields seccomp, credential, dir, path, argc, argv..., envc, env...
-// (warmMessage), and runs the job as the cold init step does. Descriptor 4 holds a readonly job's seccomp program; it is
-// closed unless the seccomp field is "1".
-static void sbx_warm(pid_t parent) {
-	if (write(3, "+", 1) != 1)
-		sbx_init_fail("init:", "status pipe");
+// sbx_read_all reads fd to EOF (at most 8 MiB) into a new buffer, sets *lenp and closes fd.
+static char *sbx_read_all(int fd, size_t *lenp, const char *what) {
 	size_t cap = 1 << 16, len = 0;
 	char *buf = malloc(cap);
 	if (buf == NULL)
@@ -126,31 +119,37 @@ static void sbx_warm(pid_t parent) {
 		if (len == cap) {
 			if (cap >= (8u << 20)) {
 				errno = E2BIG;
-				sbx_init_fail("init:", "job message");
+				sbx_init_fail("init:", what);
 			}
 			cap *= 2;
 			buf = realloc(buf, cap);
 			if (buf == NULL)
 				sbx_init_fail("init:", "out of memory");
 		}
-		ssize_t r = read(5, buf + len, cap - len);
+		ssize_t r = read(fd, buf + len, cap - len);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
-			sbx_init_fail("init:", "read job message");
+			sbx_init_fail("init: read", what);
 		if (r == 0)
 			break;
 		len += r;
 	}
-	close(5);
-	// Split into fields; the message ends with a NUL.
+	close(fd);
+	*lenp = len;
+	return buf;
+}
+
+// sbx_fields splits buf (len bytes of NUL-terminated fields) into a NULL-terminated array of
+// pointers into it, with one spare slot, and sets *n to the number of fields.
+static char **sbx_fields(char *buf, size_t len, long *n, const char *what) {
 	long nfields = 0;
 	for (size_t i = 0; i < len; i++)
 		if (buf[i] == '\0')
 			nfields++;
 	errno = EINVAL;
-	if (len == 0 || buf[len - 1] != '\0' || nfields < 6)
-		sbx_init_fail("init:", "malformed job message");
+	if (len > 0 && buf[len - 1] != '\0')
+		sbx_init_fail("init: malformed", what);
 	char **fields = calloc(nfields + 2, sizeof(char *));
 	if (fields == NULL)
 		sbx_init_fail("init:", "out of memory");
@@ -158,6 +157,25 @@ static void sbx_warm(pid_t parent) {
 		fields[f] = buf + i;
 		i += strlen(buf + i) + 1;
 	}
+	*n = nfields;
+	return fields;
+}
+
+// sbx_warm tells the runner it joined its cgroups (one '+' on the status pipe), waits for the job on
+// fd 5: NUL-terminated fields seccomp, credential, dir, path, argc, argv..., envc, env...
+// (warmMessage), and runs the job as the cold init step does. Descriptors 4 and 6 hold a readonly
+// job's seccomp program and environment (bwrap's --args); they are closed unless the seccomp field
+// is "1".
+static void sbx_warm(pid_t parent) {
+	if (write(3, "+", 1) != 1)
+		sbx_init_fail("init:", "status pipe");
+	size_t len;
+	char *buf = sbx_read_all(5, &len, "job message");
+	long nfields;
+	char **fields = sbx_fields(buf, len, &nfields, "job message");
+	errno = EINVAL;
+	if (nfields < 6)
+		sbx_init_fail("init:", "malformed job message");
 	char *seccomp = fields[0], *cred = fields[1], *dir = fields[2], *path = fields[3];
 	long argc = sbx_count(fields[4], nfields - 6);
 	char **argv = fields + 5;
@@ -165,8 +183,10 @@ static void sbx_warm(pid_t parent) {
 	char **envp = fields + 6 + argc;
 	if (6 + argc + envc != nfields)
 		sbx_init_fail("init:", "malformed job message");
-	if (strcmp(seccomp, "1") != 0)
+	if (strcmp(seccomp, "1") != 0) {
 		close(4);
+		close(6);
+	}
 	// A readonly job gets a private mount namespace before bwrap, as Start gives it on the cold path
 	// (SysProcAttr.Unshareflags): nothing the host mounts later propagates into the sandbox.
 	if (strcmp(seccomp, "1") == 0) {
@@ -210,8 +230,13 @@ __attribute__((constructor)) static void sbx_init(int argc, char **argv) {
 		sbx_init_fail("chdir", "to the working directory");
 	if (fcntl(3, F_SETFD, FD_CLOEXEC) < 0)
 		sbx_init_fail("init:", "status pipe");
+	// This process started with no environment: the job's comes on fd 5 (initEnv).
+	size_t len;
+	char *buf = sbx_read_all(5, &len, "environment");
+	long nenv;
+	char **envp = sbx_fields(buf, len, &nenv, "environment");
 	const char *path = argv[3 + n];
-	execve(path, &argv[4 + n], environ);
+	execve(path, &argv[4 + n], envp);
 	sbx_init_fail("exec", path);
 }
 #endif

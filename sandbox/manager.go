@@ -255,21 +255,31 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 	}
 	// files are the descriptors from 3 on; nil leaves one closed.
 	var files []*os.File
+	// env is a readonly job's environment as bwrap's --args file (bwrapEnv).
+	var env []byte
 	readonly := spec.Readonly
 	if readonly {
 		ro, err := m.ro.get(m.bwrap)
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}
-		wrapped, prog, err := ro.wrap(spec, m.hide)
+		spec, env, err = ro.wrap(spec, m.hide)
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}
-		spec = wrapped
-		// The child has its own copy once started; bwrap closes it after loading the program.
+		prog, err := ro.program()
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		}
+		// The child has its own copies once started; bwrap closes both after reading them.
 		defer prog.Close()
-		files = make([]*os.File, seccompFD-2)
-		files[seccompFD-3] = prog
+		args, err := memfdWith("sbx-bwrap-env", env)
+		if err != nil {
+			return nil, fmt.Errorf("start %s: readonly: %w", spec.ID, err)
+		}
+		defer args.Close()
+		files = make([]*os.File, argsFD-2)
+		files[seccompFD-3], files[argsFD-3] = prog, args
 	}
 	m.mu.Lock()
 	if m.live[spec.ID] {
@@ -289,7 +299,7 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 				w.discard()
 				m.warm.refill()
 			} else {
-				p, err := w.claim(m.warm.h, spec, readonly, l, release)
+				p, err := w.claim(m.warm.h, spec, readonly, env, l, release)
 				m.warm.refill()
 				if !errors.Is(err, errWarmGone) {
 					if err != nil {

@@ -59,6 +59,9 @@ type warmProc struct {
 	status *os.File // read end of its status pipe
 	// seccomp is whether it holds the readonly program on seccompFD (readonly jobs are possible here).
 	seccomp bool
+	// env is the empty file it holds on argsFD, for a readonly job's environment (bwrapEnv); nil
+	// without seccomp.
+	env *os.File
 }
 
 func newWarmPool(m *Manager, h *v1Hierarchy, size int) *warmPool {
@@ -153,10 +156,18 @@ func (wp *warmPool) make() (*warmProc, error) {
 		release()
 		return nil, errors.Join(fmt.Errorf("status pipe: %w", err), g.remove())
 	}
-	// The readonly program, when readonly jobs can run here: a step cannot know its job's kind.
-	var prog *os.File
+	// The readonly program, when readonly jobs can run here: a step cannot know its job's kind. With
+	// it an empty file for the environment of a readonly job, which claim fills in: the runner keeps
+	// the file, so it can write what the step's bwrap will read.
+	var prog, env *os.File
 	if ro, err := m.ro.get(m.bwrap); err == nil {
 		prog, _ = ro.program() // without it the step serves plain jobs only
+	}
+	if prog != nil {
+		if env, err = memfd("sbx-bwrap-env"); err != nil {
+			prog.Close()
+			prog, env = nil, nil
+		}
 	}
 	vg := g.(*v1Group)
 	args := []string{warmArg0, strconv.Itoa(len(vg.dirs))}
@@ -165,8 +176,8 @@ func (wp *warmPool) make() (*warmProc, error) {
 	}
 	spec := Spec{Path: "/proc/self/exe", Args: args, Dir: "/", Env: []string{}}
 	prepare := func(cmd *exec.Cmd) (func(error) error, error) {
-		files := make([]*os.File, jobFD-2) // descriptors 3..jobFD
-		files[statusFD-3], files[seccompFD-3], files[jobFD-3] = sw, prog, jr
+		files := make([]*os.File, argsFD-2) // descriptors 3..argsFD
+		files[statusFD-3], files[seccompFD-3], files[jobFD-3], files[argsFD-3] = sw, prog, jr, env
 		cmd.ExtraFiles = files
 		return func(err error) error {
 			sw.Close()
@@ -181,9 +192,12 @@ func (wp *warmPool) make() (*warmProc, error) {
 	if err != nil {
 		jw.Close()
 		sr.Close()
+		if env != nil {
+			env.Close()
+		}
 		return nil, err
 	}
-	w := &warmProc{name: name, p: p, job: jw, status: sr, seccomp: prog != nil}
+	w := &warmProc{name: name, p: p, job: jw, status: sr, seccomp: prog != nil, env: env}
 	// Ready means joined: the init step says so with one byte before it waits for the job.
 	joined := make([]byte, 1)
 	if _, err := io.ReadFull(sr, joined); err != nil || joined[0] != warmJoined {
@@ -197,15 +211,24 @@ func (wp *warmPool) make() (*warmProc, error) {
 func (w *warmProc) discard() {
 	w.job.Close() // the init step reads EOF, finds no job and exits
 	w.status.Close()
+	w.closeEnv()
 	_, _ = w.p.Wait()
 }
 
+// closeEnv closes the runner's copy of the step's environment file.
+func (w *warmProc) closeEnv() {
+	if w.env != nil {
+		w.env.Close()
+		w.env = nil
+	}
+}
+
 // claim makes the warm init step run spec (bwrap already, for a readonly job, which keeps the
-// step's seccompFD): it applies l, renames the cgroup to spec.ID and sends
-// the job. release is the job's: the Process calls it when the job is over, or claim does when it
+// step's seccompFD and finds env, its environment for bwrap, on argsFD): it applies l, renames the
+// cgroup to spec.ID and sends the job. release is the job's: the Process calls it when the job is over, or claim does when it
 // fails before the Process has it. errWarmGone means the step had died: spec.ID stays live for the
 // cold start that follows.
-func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, l limits, release func()) (*Process, error) {
+func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, env []byte, l limits, release func()) (*Process, error) {
 	p := w.p
 	early := func(err error) (*Process, error) {
 		w.discard()
@@ -239,6 +262,13 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, l limits, rel
 	if err := g.cg.Update(res); err != nil {
 		return fail(fmt.Errorf("apply limits: %w", err))
 	}
+	if readonly {
+		// At offset 0 without moving the shared offset, from which bwrap reads.
+		if _, err := w.env.WriteAt(env, 0); err != nil {
+			return fail(fmt.Errorf("write the job's environment: %w", err))
+		}
+	}
+	w.closeEnv()
 	_, werr := w.job.Write(warmMessage(spec, readonly))
 	w.job.Close()
 	msg, rerr := io.ReadAll(w.status)
