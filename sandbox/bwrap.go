@@ -17,12 +17,11 @@ import (
 )
 
 // seccompFD is the descriptor on which a readonly job's bwrap reads its seccomp program. Descriptor 3
-// is the v1 init step's status pipe (statusFD), so the program is on 4 on both cgroup versions; on v2
-// descriptor 3 is left closed.
+// is the init step's status pipe (statusFD), so the program is on 4.
 const seccompFD = statusFD + 1
 
 // argsFD is the descriptor on which a readonly job's bwrap reads the job's environment, as --setenv
-// options (--args; bwrapEnv). Descriptor 5 is the v1 init step's job (jobFD).
+// options (--args; bwrapEnv). Descriptor 5 is the init step's job (jobFD).
 const argsFD = jobFD + 1
 
 // bwrapEnviron is bwrap's own environment: empty. bwrap runs outside the sandbox, as the runner's

@@ -1,7 +1,7 @@
-// Package sandbox runs one job's command inside its own cgroup: started already inside it, limited,
-// accounted, and killed as a whole, on cgroup v1 (legacy or hybrid) and v2.
+// Package sandbox runs one job's command inside its own cgroup and pid namespace: started already
+// inside them, limited, accounted, and killed as a whole, on cgroup v1 (legacy or hybrid) and v2.
 //
-// A runner calls MaybeInit first thing in main (v1 starts jobs through a re-executed copy of the
+// A runner calls MaybeInit first thing in main (every job starts through a re-executed copy of the
 // binary), makes one Manager, calls Sweep once to clear what an earlier life left, ProbeReadonly once
 // to learn whether readonly jobs (Spec.Readonly: bwrap and a seccomp filter) can run here, and then,
 // per job, Start, reads Output to EOF while calling Wait, and Kill to cancel.
@@ -278,8 +278,8 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 			return nil, fmt.Errorf("start %s: readonly: %w", spec.ID, err)
 		}
 		defer args.Close()
-		files = make([]*os.File, argsFD-2)
-		files[seccompFD-3], files[argsFD-3] = prog, args
+		files = make([]*os.File, argsFD-3) // descriptors 4..argsFD
+		files[seccompFD-4], files[argsFD-4] = prog, args
 	}
 	m.mu.Lock()
 	if m.live[spec.ID] {
@@ -310,12 +310,27 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 			}
 		}
 	}
+	job, err := memfdWith("sbx-job", jobMessage(spec, readonly))
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	defer job.Close()
+	if files == nil {
+		files = make([]*os.File, jobFD-3)
+	}
+	files[jobFD-4] = job
 	g, err := m.h.create(spec.ID, l)
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	p, err := start(g, spec, files, m.grace, release, g.prepare)
+	if err == nil {
+		if err = <-p.launched; err != nil {
+			p.Wait() // the Process has removed the cgroup and released the id
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}

@@ -50,8 +50,8 @@ type Spec struct {
 	// whatever is left in the cgroup is killed when the main process exits.
 	Linger bool
 	// Credential, when set, is the user and groups the program runs as; nil runs it as the runner.
-	// The process joins its cgroup before it drops to the credential (on v1 in the init step, which
-	// needs the runner's privileges to write cgroup.procs).
+	// The init step joins the cgroup as the runner (writing cgroup.procs needs its privileges); the
+	// job's program drops to the credential before its exec.
 	Credential *Credential
 	// Resources holds the limits: Memory.Limit and Memory.Swap (memory+swap, as on v1), CPU.Quota and
 	// CPU.Period, Pids.Limit. Nil means unset. Any other field set is ErrUnsupported.

@@ -219,7 +219,10 @@ func TestReplyBlocksUntilEnd(t *testing.T) {
 func TestKillTree(t *testing.T) {
 	s := startServe(t)
 	ctx := t.Context()
-	r, err := s.c.Start(ctx, client.StartRequest{Cwd: "/", Command: "setsid sh -c 'trap \"\" TERM; sleep 1000' & echo $!; sleep 1000"})
+	// A job prints pids of its own pid namespace: the grandchild is found on the host by its
+	// argument.
+	arg := fmt.Sprintf("1000.%09d", time.Now().UnixNano()%1e9)
+	r, err := s.c.Start(ctx, client.StartRequest{Cwd: "/", Command: "setsid sh -c 'trap \"\" TERM; sleep " + arg + "' & echo $!; sleep 1000"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,13 +231,12 @@ func TestKillTree(t *testing.T) {
 	if err != nil || !w.PatternMatched {
 		t.Fatalf("wait for the pid: %+v, %v", w, err)
 	}
-	out, _, err := s.c.Output(ctx, id, 0, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	grandchild := strings.TrimSpace(string(out))
-	if _, err := os.Stat("/proc/" + grandchild); err != nil {
-		t.Fatalf("grandchild %s not running before the kill: %v", grandchild, err)
+	var grandchild string
+	for deadline := time.Now().Add(10 * time.Second); grandchild == ""; time.Sleep(10 * time.Millisecond) {
+		grandchild = sleeping(t, arg)
+		if grandchild == "" && time.Now().After(deadline) {
+			t.Fatal("grandchild not running before the kill")
+		}
 	}
 	if _, err := s.c.Kill(ctx, id, ""); err != nil {
 		t.Fatal(err)
@@ -253,6 +255,22 @@ func TestKillTree(t *testing.T) {
 	if _, err := s.c.Kill(ctx, id, ""); !errors.As(err, &apiErr) || apiErr.Status != 409 {
 		t.Fatalf("kill of an ended job: %v", err)
 	}
+}
+
+// sleeping returns the host pid of a live "sleep arg", or "".
+func sleeping(t *testing.T, arg string) string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && string(b) == "sleep\x00"+arg+"\x00" && alive(e.Name()) {
+			return e.Name()
+		}
+	}
+	return ""
 }
 
 // alive reports whether a process exists and is not a zombie (a killed orphan stays a zombie until

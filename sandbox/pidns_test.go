@@ -1,0 +1,66 @@
+package sandbox
+
+import (
+	"bufio"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestJobsIsolated: a plain job cannot see, read or signal another job's processes, though both run
+// as the same user. Before, a job listed the other's pid in /proc, read its environment (a secret
+// passed in env) from /proc/PID/environ and killed it.
+func TestJobsIsolated(t *testing.T) {
+	for name, cfg := range envConfigs(t) {
+		t.Run(name, func(t *testing.T) {
+			m, _ := newTestManager(t, cfg)
+			if m.warm != nil {
+				waitWarm(t, m)
+			}
+			secret := fmt.Sprintf("topsecret-%d", time.Now().UnixNano())
+			victim := sh("victim-"+name, "echo ready; while :; do sleep 0.05; done")
+			victim.Env = append(victim.Env, "SECRET="+secret)
+			p, err := m.Start(victim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				p.Kill()
+				p.Wait()
+			}()
+			r := bufio.NewReader(p.Output())
+			if line, err := r.ReadString('\n'); line != "ready\n" {
+				t.Fatalf("victim said %q, %v", line, err)
+			}
+			pid := strconv.Itoa(p.Pid())
+			// The victim's pid as the host sees it, and every pid the job finds in /proc.
+			script := fmt.Sprintf(`ls -d /proc/[0-9]* | wc -l
+test -e /proc/%[1]s && echo sees-pid
+cat /proc/%[1]s/environ 2>/dev/null | tr '\0' '\n' | grep SECRET
+for e in /proc/[0-9]*/environ; do tr '\0' '\n' <$e; done 2>/dev/null | grep -c SECRET
+kill -9 %[1]s 2>/dev/null && echo killed-pid
+kill -9 -%[1]s 2>/dev/null && echo killed-group
+true`, pid)
+			res, out := run(t, m, sh("attacker-"+name, script))
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if res.ExitCode != 0 || len(lines) != 2 {
+				t.Fatalf("attacker: exit code %d, output %q; want its process count and 0 and nothing else", res.ExitCode, out)
+			}
+			// The attacker's init, its shell, ls and wc (the subshell of the pipeline) at most.
+			if n, err := strconv.Atoi(lines[0]); err != nil || n > 5 {
+				t.Errorf("the attacker sees %s processes in /proc, want only its own few", lines[0])
+			}
+			if lines[1] != "0" {
+				t.Errorf("the attacker read %s environments holding SECRET", lines[1])
+			}
+			if strings.Contains(out, secret) {
+				t.Errorf("the attacker read the victim's secret: %q", out)
+			}
+			if err := p.Signal(0); err != nil {
+				t.Errorf("the victim is gone after the attacker ran: %v", err)
+			}
+		})
+	}
+}
