@@ -39,7 +39,6 @@ type Result struct {
 // status pipe and waits for it. Pdeathsig fires when the thread that forked the child exits, so that
 // thread must live exactly as long as the child.
 type Process struct {
-	pid    int // the init step's pid: the runner's child
 	jobPid int // the job's program's pid on the host, also its process group id; set once launched
 	g      group
 	grace  time.Duration
@@ -75,8 +74,9 @@ type Process struct {
 
 // start launches the init step inside g with files as its descriptors from 4 on (the init's job on
 // jobFD among them, which the init reads to EOF) and returns once it has joined g; release is called
-// once the job is over. prepare makes the init start inside g (g.prepare). The caller waits on
-// p.launched for the job's program to run; until then the Process only ends.
+// once the job is over. prepare makes the init start inside g (g.prepare). The caller then waits on
+// p.launched for the job's program to run; a Process whose program never ran ends by itself, and
+// Wait returns once it has.
 func start(g group, spec Spec, files []*os.File, grace time.Duration, release func(), prepare func(*exec.Cmd) (func(error) error, error)) (*Process, error) {
 	fail := func(err error) (*Process, error) {
 		release()
@@ -185,7 +185,6 @@ func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) e
 		startErr <- err
 		return
 	}
-	p.pid = cmd.Process.Pid
 	startErr <- nil
 
 	ws, ok := p.follow(bufio.NewReader(status))
