@@ -3,8 +3,10 @@ package sandbox
 import (
 	"bufio"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -60,6 +62,65 @@ true`, pid)
 			}
 			if err := p.Signal(0); err != nil {
 				t.Errorf("the victim is gone after the attacker ran: %v", err)
+			}
+		})
+	}
+}
+
+// TestSignalReachesJob: Signal reaches the job's process group through the pid namespace, STOP and
+// CONT included (the init cannot relay those), and Pid is the job's shell as the host sees it.
+func TestSignalReachesJob(t *testing.T) {
+	for name, cfg := range envConfigs(t) {
+		t.Run(name, func(t *testing.T) {
+			m, _ := newTestManager(t, cfg)
+			if m.warm != nil {
+				waitWarm(t, m)
+			}
+			p, err := m.Start(sh("signal-"+name, `trap 'echo got USR1; exit 3' USR1; echo ready; while :; do :; done`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := bufio.NewReader(p.Output())
+			if line, err := r.ReadString('\n'); line != "ready\n" {
+				p.Kill()
+				t.Fatalf("job said %q, %v", line, err)
+			}
+			// The host's view of the job's shell: its state, and its name. The shell spins on builtins:
+			// a shell waiting for a vfork'd child that the STOP stopped before its exec stays in D.
+			state := func() string {
+				b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+				if err != nil {
+					return err.Error()
+				}
+				s := string(b)
+				return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])[0]
+			}
+			if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p.Pid())); err != nil || string(comm) != "sh\n" {
+				t.Errorf("Pid %d on the host is %q, %v; want the job's sh", p.Pid(), comm, err)
+			}
+			for _, step := range []struct {
+				sig  syscall.Signal
+				want string
+			}{{syscall.SIGSTOP, "T"}, {syscall.SIGCONT, "R"}} {
+				if err := p.Signal(step.sig); err != nil {
+					t.Fatal(err)
+				}
+				deadline := time.Now().Add(5 * time.Second)
+				for st := state(); st != step.want && !(step.want == "R" && st == "S"); st = state() {
+					if time.Now().After(deadline) {
+						p.Kill()
+						t.Fatalf("after %v the job's shell is in state %s, want %s", step.sig, st, step.want)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			if err := p.Signal(syscall.SIGUSR1); err != nil {
+				t.Fatal(err)
+			}
+			out := drain(t, r)
+			res, err := p.Wait()
+			if got := out(); err != nil || res.ExitCode != 3 || got != "got USR1\n" {
+				t.Errorf("after USR1: %+v, %v, output %q; want exit code 3 and the trap's output", res, err, got)
 			}
 		})
 	}
