@@ -196,6 +196,10 @@ func initMain(args []string) (int, error) {
 	if err != nil {
 		return 1, fmt.Errorf("init: open /proc: %w", err)
 	}
+	// Detached, the host's /proc is reachable through oldproc only, not under the fresh one.
+	if err := unix.Unmount("/proc", unix.MNT_DETACH); err != nil {
+		return 1, fmt.Errorf("init: detach /proc: %w", err)
+	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return 1, fmt.Errorf("init: mount /proc: %w", err)
 	}

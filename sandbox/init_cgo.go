@@ -239,9 +239,13 @@ static void sbx_init_main(long n, char **procs) {
 	// the host mounts later reaches the job (bwrap makes its mounts slaves of this namespace).
 	if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		sbx_init_fail("init:", "make mounts private");
+	// The host's /proc stays reachable through oldproc only, to read the job's host pid: detached,
+	// it is not under the fresh one, where a job with every capability could unmount to it.
 	int oldproc = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (oldproc < 0)
 		sbx_init_fail("init: open", "/proc");
+	if (umount2("/proc", MNT_DETACH) < 0)
+		sbx_init_fail("init: detach", "/proc");
 	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
 		sbx_init_fail("init: mount", "/proc");
 	// Above the job's descriptors (0 to 6), which the init closes once the job has them.

@@ -63,6 +63,12 @@ true`, pid)
 			if err := p.Signal(0); err != nil {
 				t.Errorf("the victim is gone after the attacker ran: %v", err)
 			}
+			// A job with every capability (run as root) can unmount its /proc; the host's is not
+			// under it.
+			res, out = run(t, m, sh("unmount-"+name, "umount /proc && ls -A /proc | wc -l"))
+			if res.ExitCode != 0 || out != "0\n" {
+				t.Errorf("after umount /proc: exit code %d, output %q; want an empty /proc", res.ExitCode, out)
+			}
 		})
 	}
 }
