@@ -20,6 +20,8 @@ const (
 	KindLimit NotificationKind = "limit"
 	// KindMonitor: lines of a monitor job's output.
 	KindMonitor NotificationKind = "monitor"
+	// KindPort: the job began to listen on a TCP port.
+	KindPort NotificationKind = "port"
 )
 
 // Statuses of a notification.
@@ -68,6 +70,8 @@ type Notification struct {
 	CreatedAt  time.Time        `json:"created_at"`
 	Summary    string           `json:"summary,omitempty"`
 	Event      string           `json:"event,omitempty"`
+	// Advice is what a stall's <task-notification> form ends with ("": stallAdvice).
+	Advice string `json:"advice,omitempty"`
 	// Format is the format Text is written in.
 	Format Format `json:"format,omitempty"`
 	Text   string `json:"text"`
@@ -132,7 +136,11 @@ func RenderTask(n *Notification) string {
 	b.WriteString("</task-notification>")
 	switch {
 	case n.Kind == KindStall:
-		b.WriteString("\nLast output:\n" + escape(n.Event) + "\n\n" + stallAdvice)
+		advice := stallAdvice
+		if n.Advice != "" {
+			advice = escape(n.Advice)
+		}
+		b.WriteString("\nLast output:\n" + escape(n.Event) + "\n\n" + advice)
 	case n.Kind == KindFinished && n.OutputPath != "":
 		b.WriteString("\nRead the output file to retrieve the result: " + escape(n.OutputPath))
 	}

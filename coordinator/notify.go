@@ -71,6 +71,7 @@ type note struct {
 	detail  string
 	summary string
 	event   string
+	advice  string // a stall's own advice ("": stallAdvice)
 }
 
 // watch follows one job's output line by line: it matches notify_on_output's pattern, debouncing,
@@ -100,6 +101,8 @@ type watch struct {
 	monLines     []string
 	monStopped   bool // the monitor went over its rate: it is being stopped, and that was its last word
 	monKillAsked bool
+	// tty: the lines are a terminal's, matched and quoted without escape sequences.
+	tty bool
 
 	notes []note
 }
@@ -109,7 +112,7 @@ func newWatch(j *Job, cfg *Config) *watch {
 	if j.Notify == nil && !j.Monitor {
 		return nil
 	}
-	w := &watch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow}
+	w := &watch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow, tty: j.TTY}
 	if j.Notify != nil {
 		// The pattern was checked at the start; a stored one that no longer compiles watches nothing.
 		re, err := regexp.Compile(j.Notify.Pattern)
@@ -192,6 +195,9 @@ func (w *watch) tick(now time.Time) {
 }
 
 func (w *watch) line(line string, stderr bool, now time.Time) {
+	if w.tty {
+		line = strings.TrimRight(string(StripANSI([]byte(line))), "\r")
+	}
 	if w.monStopped {
 		return // the stop notice was the monitor's last word
 	}
