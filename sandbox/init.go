@@ -20,9 +20,10 @@ import (
 // a process that runs outside the job, as the runner's user, before the job's own program. The init
 // joins the job's cgroups (v1; on v2 the clone places it there), reads the job on jobFD
 // (jobMessage), makes every mount private, mounts a fresh /proc and starts the job's program as its
-// child, in its own process group, as the job's credential. It then reaps until the namespace is
-// empty. Other jobs' processes are thus invisible to the job and out of its reach (kill, ptrace,
-// /proc/PID/environ), whatever user both run as; the host's processes likewise.
+// child, in its own process group (a session of its own on the job's terminal: Spec.TTY), as the
+// job's credential. It then reaps until the namespace is empty. Other jobs' processes are thus
+// invisible to the job and out of its reach (kill, ptrace, /proc/PID/environ), whatever user both
+// run as; the host's processes likewise.
 //
 // The init reports on statusFD, in order: '+' once it joined its cgroups (a warm step then waits for
 // its job), "pid N\n" with the job's pid as the host sees it once the program was executed, or else
@@ -60,6 +61,7 @@ func parseInitArgs(args []string) ([]string, error) {
 // job is what the init step runs, as jobMessage carries it.
 type job struct {
 	readonly bool // bwrap: keep seccompFD and argsFD open for it
+	tty      bool // descriptor 0 is the job's terminal: the child, not the init, takes it (Spec.TTY)
 	cred     *Credential
 	dir      string
 	path     string
@@ -68,8 +70,8 @@ type job struct {
 }
 
 // jobMessage is the job the init step runs: NUL-terminated fields seccomp ("1" keeps seccompFD and
-// argsFD open for bwrap), credential (Credential.String), dir, path, argc, argv..., envc, env...
-// (Spec.validate refuses NUL bytes in all).
+// argsFD open for bwrap), tty ("1": Spec.TTY), credential (Credential.String), dir, path, argc,
+// argv..., envc, env... (Spec.validate refuses NUL bytes in all).
 func jobMessage(spec Spec, readonly bool) []byte {
 	var b bytes.Buffer
 	field := func(s string) {
@@ -84,11 +86,15 @@ func jobMessage(spec Spec, readonly bool) []byte {
 	if len(args) == 0 {
 		args = []string{spec.Path}
 	}
-	if readonly {
-		field("1")
-	} else {
-		field("0")
+	flag := func(b bool) {
+		if b {
+			field("1")
+		} else {
+			field("0")
+		}
 	}
+	flag(readonly)
+	flag(spec.TTY)
 	field(spec.Credential.String())
 	field(dir)
 	field(spec.Path)
@@ -110,24 +116,24 @@ func parseJobMessage(b []byte) (job, error) {
 		return job{}, bad
 	}
 	f := strings.Split(string(b[:len(b)-1]), "\x00")
-	if len(f) < 6 {
+	if len(f) < 7 {
 		return job{}, bad
 	}
-	cred, err := parseCredential(f[1])
+	cred, err := parseCredential(f[2])
 	if err != nil {
 		return job{}, fmt.Errorf("init: %w", err)
 	}
-	j := job{readonly: f[0] == "1", cred: cred, dir: f[2], path: f[3]}
-	argc, err := strconv.Atoi(f[4])
-	if err != nil || argc < 0 || 6+argc > len(f) {
+	j := job{readonly: f[0] == "1", tty: f[1] == "1", cred: cred, dir: f[3], path: f[4]}
+	argc, err := strconv.Atoi(f[5])
+	if err != nil || argc < 0 || 7+argc > len(f) {
 		return job{}, bad
 	}
-	j.argv = f[5 : 5+argc]
-	envc, err := strconv.Atoi(f[5+argc])
-	if err != nil || 6+argc+envc != len(f) {
+	j.argv = f[6 : 6+argc]
+	envc, err := strconv.Atoi(f[6+argc])
+	if err != nil || 7+argc+envc != len(f) {
 		return job{}, bad
 	}
-	j.env = f[6+argc:]
+	j.env = f[7+argc:]
 	return j, nil
 }
 
@@ -209,6 +215,11 @@ func initMain(args []string) (int, error) {
 		files[seccompFD], files[argsFD] = seccompFD, argsFD
 	}
 	attr := &syscall.ProcAttr{Dir: j.dir, Env: j.env, Files: files, Sys: &syscall.SysProcAttr{Setpgid: true}}
+	if j.tty {
+		// setsid makes the child its own group as well (setpgid after it would fail); the terminal
+		// is its descriptor 0.
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
 	if c := j.cred; c != nil {
 		attr.Sys.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
 	}

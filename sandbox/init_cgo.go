@@ -20,6 +20,7 @@ package sandbox
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -175,12 +176,22 @@ static void sbx_write(int fd, const char *buf, size_t len) {
 }
 
 // sbx_run_job is the job's child of the init: its own process group, the job's credential and
-// directory, then the program. Before the exec it writes its pid as the host sees it ("pid N\n", read
-// through the host's /proc, still open as oldproc) on fd; a failure after that follows it as text.
-static void sbx_run_job(int fd, int oldproc, char *cred, char *dir, char *path, char **argv, char **envp) {
+// directory, then the program. With tty its descriptor 0 is the job's terminal: it starts a session
+// of its own (its own group too) and makes the terminal its controlling terminal, as exec.Cmd's
+// Setsid and Setctty do, so that the kernel sends it SIGWINCH on a resize and SIGHUP when the
+// terminal goes; the init, not a session leader, never gets one. Before the exec it writes its pid
+// as the host sees it ("pid N\n", read through the host's /proc, still open as oldproc) on fd; a
+// failure after that follows it as text.
+static void sbx_run_job(int fd, int oldproc, int tty, char *cred, char *dir, char *path, char **argv, char **envp) {
 	sbx_fail_fd = fd;
 	close(3);
-	if (setpgid(0, 0) < 0)
+	if (tty) {
+		if (setsid() < 0)
+			sbx_init_fail("init:", "setsid");
+		// 0: take the terminal only if no session has it (nobody does: it is the job's alone).
+		if (ioctl(0, TIOCSCTTY, 0) < 0)
+			sbx_init_fail("init: controlling terminal", "TIOCSCTTY");
+	} else if (setpgid(0, 0) < 0)
 		sbx_init_fail("init:", "setpgid");
 	char self[32], line[48];
 	ssize_t n = readlinkat(oldproc, "self", self, sizeof self - 1);
@@ -199,7 +210,7 @@ static void sbx_run_job(int fd, int oldproc, char *cred, char *dir, char *path, 
 
 // sbx_init_main is the init step: pid 1 of a new pid and mount namespace (Start clones it so), in
 // the job's cgroups once n cgroup.procs files are joined (v1; v2 clones it into the cgroup). It tells
-// the runner it joined ('+' on fd 3), reads the job on fd 5: NUL-terminated fields seccomp,
+// the runner it joined ('+' on fd 3), reads the job on fd 5: NUL-terminated fields seccomp, tty,
 // credential, dir, path, argc, argv..., envc, env... (jobMessage; a warm step waits there until a job
 // comes), makes every mount private and mounts a fresh /proc, so that the job sees its own processes
 // only, and starts the job's program as its child. It reports "pid N\n" (the job's pid on the host)
@@ -218,14 +229,15 @@ static void sbx_init_main(long n, char **procs) {
 	long nfields;
 	char **fields = sbx_fields(buf, len, &nfields, "job message");
 	errno = EINVAL;
-	if (nfields < 6)
+	if (nfields < 7)
 		sbx_init_fail("init:", "malformed job message");
-	char *seccomp = fields[0], *cred = fields[1], *dir = fields[2], *path = fields[3];
-	long argc = sbx_count(fields[4], nfields - 6);
-	char **argv = fields + 5;
-	long envc = sbx_count(fields[5 + argc], nfields - 6 - argc);
-	char **envp = fields + 6 + argc;
-	if (6 + argc + envc != nfields)
+	char *seccomp = fields[0], *cred = fields[2], *dir = fields[3], *path = fields[4];
+	int tty = strcmp(fields[1], "1") == 0;
+	long argc = sbx_count(fields[5], nfields - 7);
+	char **argv = fields + 6;
+	long envc = sbx_count(fields[6 + argc], nfields - 7 - argc);
+	char **envp = fields + 7 + argc;
+	if (7 + argc + envc != nfields)
 		sbx_init_fail("init:", "malformed job message");
 	// Both lists must end with NULL: argv's end is the envc field, parsed already, and envp's is the
 	// spare slot sbx_fields left after the last field.
@@ -264,7 +276,7 @@ static void sbx_init_main(long n, char **procs) {
 		sbx_init_fail("init:", "fork");
 	if (job == 0) {
 		close(p[0]);
-		sbx_run_job(p[1], oldproc, cred, dir, path, argv, envp);
+		sbx_run_job(p[1], oldproc, tty, cred, dir, path, argv, envp);
 	}
 	close(p[1]);
 	close(oldproc);

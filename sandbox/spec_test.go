@@ -90,6 +90,7 @@ func TestJobMessageRoundTrip(t *testing.T) {
 		{"plain", Spec{Path: "/bin/sh", Args: []string{"sh", "-c", "echo 1 2"}, Dir: "/tmp", Env: []string{"A=1", "B="}}, false},
 		{"no args", Spec{Path: "/bin/true", Env: []string{}}, false},
 		{"user", Spec{Path: "/bin/id", Args: []string{"id"}, Credential: &Credential{UID: 65534, GID: 65534, Groups: []uint32{4, 27, 4294967294}}}, true},
+		{"tty", Spec{Path: "/bin/sh", TTY: true}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,13 +103,14 @@ func TestJobMessageRoundTrip(t *testing.T) {
 				args = []string{tt.spec.Path}
 			}
 			dir := cmp.Or(tt.spec.Dir, "/")
-			if j.readonly != tt.readonly || j.cred.String() != tt.spec.Credential.String() || j.dir != dir || j.path != tt.spec.Path ||
+			if j.readonly != tt.readonly || j.tty != tt.spec.TTY || j.cred.String() != tt.spec.Credential.String() || j.dir != dir || j.path != tt.spec.Path ||
 				strings.Join(j.argv, "|") != strings.Join(args, "|") || strings.Join(j.env, "|") != strings.Join(tt.spec.Env, "|") {
 				t.Errorf("got %+v", j)
 			}
 		})
 	}
-	for _, bad := range []string{"", "0\x00-\x00/\x00/bin/true\x001\x00true\x00", "0\x00-\x00/\x00/bin/true\x005\x00true\x000\x00", "0\x001:x:\x00/\x00/bin/true\x000\x000\x00"} {
+	for _, bad := range []string{"", "0\x000\x00-\x00/\x00/bin/true\x001\x00true\x00", "0\x000\x00-\x00/\x00/bin/true\x005\x00true\x000\x00",
+		"0\x000\x001:x:\x00/\x00/bin/true\x000\x000\x00", "0\x00-\x00/\x00/bin/true\x000\x000\x00"} {
 		if _, err := parseJobMessage([]byte(bad)); err == nil {
 			t.Errorf("parseJobMessage accepted %q", bad)
 		}
