@@ -219,6 +219,10 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, env []byte, l
 	}
 	warmRelease := p.release
 	p.g, p.release, p.linger = g, release, spec.Linger
+	if readonly {
+		// What Activity knows of a readonly job, as start sets it for a cold one.
+		p.readonly, p.supervisor = true, spec.Path
+	}
 	p.mu.Unlock()
 	warmRelease() // the Manager forgets the spare name; the job's id is live
 	if err := g.cg.Update(res); err != nil {
