@@ -345,7 +345,8 @@ func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool)
 
 // Pid is the job's program's pid as the host sees it (the job's shell; bwrap for a readonly job),
 // which is also its process group id: `kill PID` on the host reaches it as it would any process.
-// Inside its namespace the job's shell is pid 2, its init pid 1.
+// Inside its namespace its init is pid 1 and the job's shell pid 2 (higher with the Go init, whose
+// runtime threads come first).
 func (p *Process) Pid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
