@@ -117,6 +117,50 @@ func testMCPHTTP(t *testing.T, addr, token, cwd string) {
 	call[any](t, quiet, "ack", map[string]any{"seq": page.Next})
 }
 
+// testMCPDefaultProtocol connects the SDK's client as it comes, at its default protocol version
+// (2026-07-28, which opens no session), to `sbx mcp` over stdio and to /mcp, and sees a job's end
+// pushed on both.
+func testMCPDefaultProtocol(t *testing.T, addr, token, cwd string) {
+	bin := buildSbx(t)
+	hc := &http.Client{Transport: &headers{base: http.DefaultTransport, set: map[string]string{
+		"Authorization": "Bearer " + token, "Sbx-Session": "default-http",
+	}}}
+	for _, tc := range []struct {
+		name string
+		t    func() mcp.Transport
+	}{
+		{"stdio", func() mcp.Transport {
+			cmd := exec.Command(bin, "mcp", "--session", "default-stdio")
+			cmd.Env = append(os.Environ(), "SBX_ADDR="+addr, "SBX_TOKEN="+token)
+			cmd.Dir = cwd
+			cmd.Stderr = os.Stderr
+			return &mcp.CommandTransport{Command: cmd}
+		}},
+		{"http", func() mcp.Transport { return &mcp.StreamableClientTransport{Endpoint: addr + "/mcp", HTTPClient: hc} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mc, m := newMCPClient(nil)
+			cs, err := mc.Connect(t.Context(), tc.t(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			if v := cs.InitializeResult().ProtocolVersion; v >= mcpStatelessVersion {
+				t.Errorf("session at protocol %s: no push can reach it", v)
+			}
+			if err := cs.SetLoggingLevel(t.Context(), &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+				t.Fatal(err)
+			}
+			_, res := call[mcpJobResult](t, cs, "run", map[string]any{"command": "exit 3", "cwd": cwd})
+			n := nextPush(t, m.logs, res.Job.ID)
+			if n.Status != "error" || !strings.Contains(n.Text, "detail: exit_code=3") {
+				t.Errorf("pushed: %+v", n)
+			}
+			call[any](t, cs, "ack", map[string]any{"seq": n.Seq})
+		})
+	}
+}
+
 // driveMCP walks through what an agent does with a dev server: start it in the background, wait
 // for the line that says it is up, read its output, wait past the bound of one call, kill it, and
 // get the pushed notification of its end. extra are more arguments of run. It returns the pushed

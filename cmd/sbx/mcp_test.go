@@ -193,6 +193,9 @@ func TestMCP(t *testing.T) {
 	t.Run("http", func(t *testing.T) {
 		testMCPHTTP(t, s.addr, "mcp-test-token", cwd)
 	})
+	t.Run("default protocol", func(t *testing.T) {
+		testMCPDefaultProtocol(t, s.addr, "mcp-test-token", cwd)
+	})
 }
 
 // testMCPTools checks what a model learns before it calls anything: the tools, their descriptions,
