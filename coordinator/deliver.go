@@ -31,7 +31,7 @@ func (s *Service) addNotesLocked(ctx context.Context, l *liveJob, notes []note) 
 		nn := &Notification{
 			ID: id, Session: j.Session, Kind: n.kind, Status: n.status, JobID: j.ID, Title: title,
 			Detail: n.detail, OutputPath: j.OutputPath, CreatedAt: now, Summary: n.summary, Event: n.event,
-			Format: s.formatLocked(j),
+			ToolCallID: j.ToolCallID, Format: s.formatLocked(j),
 		}
 		nn.Text = RenderAs(nn, nn.Format)
 		all = append(all, nn)

@@ -205,7 +205,10 @@ func (w *watch) line(line string, stderr bool, now time.Time) {
 			w.flushMatches()
 			w.monStopped = true
 			stop := fmt.Sprintf("[Monitor stopped — too much output (more than %d lines in %s). Restart with a more selective source.]", w.monMax, w.monWindow)
-			w.notes = append(w.notes, note{kind: KindLimit, status: NoteAborted, detail: stop, summary: monitorEvent(w.jobTitle), event: stop})
+			// The <task-notification> is the async-bash tool's terminal notice of a firehose.
+			summary := fmt.Sprintf(`Monitor "%s" stopped (too many events (>%d/%ss) — restart with a tighter filter)`,
+				w.jobTitle, w.monMax, strconv.FormatFloat(w.monWindow.Seconds(), 'f', -1, 64))
+			w.notes = append(w.notes, note{kind: KindLimit, status: NoteAborted, detail: stop, summary: summary})
 			return
 		}
 		w.monLines = append(w.monLines, describe(line, "line"))
@@ -320,16 +323,17 @@ func stallNote(j *Job, tail []byte, quiet time.Duration) (note, bool) {
 		kind: KindStall, status: NoteError,
 		detail: fmt.Sprintf("The command appears to be waiting for interactive input: no output for %s, and its last line looks like a prompt. Last output:\n%s\n\n%s",
 			quiet.Round(time.Second), last, stallAdvice),
-		summary: `Background command "` + j.Title + `" appears to be waiting for interactive input`,
+		summary: `Async command "` + j.Title + `" appears to be waiting for interactive input`,
 		event:   last,
 	}, true
 }
 
 // finishedNote is the finished notification of an ended job. A success has no detail, a failure
-// its exit code, an abort its reason (and the signal, and why, when known); the summary is Claude
-// Code's sentence.
+// its exit code, an abort its reason (and the signal, and why, when known); the <system_notification>
+// shows the detail of a failure only. The summary is the async-bash tool's sentence, and a failed
+// start (which it has no case for: it reports exit code 127) says why.
 func finishedNote(j *Job) note {
-	subject := `Background command "` + j.Title + `"`
+	subject := `Async command "` + j.Title + `"`
 	if j.Monitor {
 		subject = `Monitor "` + j.Title + `"`
 	}
@@ -342,7 +346,11 @@ func finishedNote(j *Job) note {
 		return n
 	case j.Status == StatusFailed && j.ExitCode != nil:
 		code := strconv.Itoa(*j.ExitCode)
-		return note{kind: KindFinished, status: NoteError, detail: "exit_code=" + code, summary: subject + " failed with exit code " + code}
+		n := note{kind: KindFinished, status: NoteError, detail: "exit_code=" + code, summary: subject + " failed with exit code " + code}
+		if j.Monitor {
+			n.summary = subject + " script failed (exit " + code + ")"
+		}
+		return n
 	case j.Status == StatusFailed:
 		n := note{kind: KindFinished, status: NoteError, detail: "reason=" + j.Reason, summary: subject + " failed to start"}
 		if j.Error != "" {
@@ -352,26 +360,18 @@ func finishedNote(j *Job) note {
 		return n
 	}
 	d := "reason=" + j.Reason
-	why := j.Error
 	if j.Reason == proto.ReasonSignal {
-		sig := signalName(j.Signal)
-		d += " signal=" + sig
-		if why == "" {
-			why = "signal " + sig
-		}
+		d += " signal=" + signalName(j.Signal)
 	}
 	if j.Error != "" {
 		d += " (" + j.Error + ")"
 	}
-	if why == "" {
-		why = j.Reason
-	}
 	n := note{kind: KindFinished, status: NoteAborted, detail: d, summary: subject + " was stopped"}
-	if j.Reason != proto.ReasonKilled {
-		n.summary += " (" + why + ")"
-	}
-	if j.Monitor && j.Reason == proto.ReasonTimeout {
-		n.event = "[Monitor timed out — re-arm if needed.]"
+	if j.Monitor {
+		n.summary = subject + " stopped"
+		if j.Reason == proto.ReasonTimeout && j.Limits.TimeoutMS > 0 {
+			n.summary += fmt.Sprintf(" (timeout after %ds)", (j.Limits.TimeoutMS+500)/1000)
+		}
 	}
 	return n
 }

@@ -212,13 +212,13 @@ func TestFinished(t *testing.T) {
 		status, want string
 		summary      string
 	}{
-		{proto.ReasonExit, "", 0, 0, "success", "", `Background command "unit tests" completed (exit code 0)`},
-		{proto.ReasonExit, "", 1, 0, "error", "exit_code=1", `Background command "unit tests" failed with exit code 1`},
-		{proto.ReasonSignal, "", 139, 11, "aborted", "reason=signal signal=SIGSEGV", `Background command "unit tests" was stopped (signal SIGSEGV)`},
-		{proto.ReasonKilled, "killed on request", 143, 15, "aborted", "reason=killed (killed on request)", `Background command "unit tests" was stopped`},
-		{proto.ReasonTimeout, "timed out after 1000 ms", -1, 0, "aborted", "reason=timeout (timed out after 1000 ms)", `Background command "unit tests" was stopped (timed out after 1000 ms)`},
-		{proto.ReasonOOM, "the memory limit was reached", 137, 9, "aborted", "reason=oom (the memory limit was reached)", `Background command "unit tests" was stopped (the memory limit was reached)`},
-		{proto.ReasonOutputLimit, "", -1, 0, "aborted", "reason=output_limit", `Background command "unit tests" was stopped (output_limit)`},
+		{proto.ReasonExit, "", 0, 0, "success", "", `Async command "unit tests" completed (exit code 0)`},
+		{proto.ReasonExit, "", 1, 0, "error", "exit_code=1", `Async command "unit tests" failed with exit code 1`},
+		{proto.ReasonSignal, "", 139, 11, "aborted", "reason=signal signal=SIGSEGV", `Async command "unit tests" was stopped`},
+		{proto.ReasonKilled, "killed on request", 143, 15, "aborted", "reason=killed (killed on request)", `Async command "unit tests" was stopped`},
+		{proto.ReasonTimeout, "timed out after 1000 ms", -1, 0, "aborted", "reason=timeout (timed out after 1000 ms)", `Async command "unit tests" was stopped`},
+		{proto.ReasonOOM, "the memory limit was reached", 137, 9, "aborted", "reason=oom (the memory limit was reached)", `Async command "unit tests" was stopped`},
+		{proto.ReasonOutputLimit, "", -1, 0, "aborted", "reason=output_limit", `Async command "unit tests" was stopped`},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s %d", tt.reason, tt.code), func(t *testing.T) {
@@ -239,7 +239,8 @@ func TestFinished(t *testing.T) {
 			if n.Kind != coordinator.KindFinished || n.Status != tt.status || n.Detail != tt.want || n.JobID != id || n.Seq != 1 || n.Title != "unit tests" || n.Summary != tt.summary {
 				t.Fatalf("notification %+v, want %s %q %q", n, tt.status, tt.want, tt.summary)
 			}
-			if hasDetail := strings.Contains(n.Text, "\ndetail: "); hasDetail != (tt.want != "") {
+			// The text shows a failure's detail only, and no output_path: the JSON keeps an abort's reason.
+			if hasDetail := strings.Contains(n.Text, "\ndetail: "); hasDetail != (tt.status == "error") || strings.Contains(n.Text, "output_path:") {
 				t.Fatalf("text:\n%s", n.Text)
 			}
 			j, _ := e.svc.Job(t.Context(), id)
@@ -471,7 +472,7 @@ func TestStall(t *testing.T) {
 	e.clk.advance(31 * time.Second)
 	notes := e.eventually("default", 1)
 	if len(notes) != 1 || notes[0].Kind != coordinator.KindStall || !strings.Contains(notes[0].Detail, "Last output:\nworking\nOverwrite config.yml? [y/N]\n\nThe command is likely blocked") ||
-		notes[0].Summary != `Background command "init" appears to be waiting for interactive input` || notes[0].Event != "working\nOverwrite config.yml? [y/N]" {
+		notes[0].Summary != `Async command "init" appears to be waiting for interactive input` || notes[0].Event != "working\nOverwrite config.yml? [y/N]" {
 		t.Fatalf("stall: %+v", notes)
 	}
 	e.clk.advance(time.Minute)

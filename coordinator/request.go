@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -16,6 +17,8 @@ const (
 	DefaultWait      = 30 * time.Second
 	MinMemoryBytes   = 4 << 20
 	MinCPUMillicores = 10
+	// MaxToolCallID bounds a start's tool_call_id (tool call ids are tens of characters).
+	MaxToolCallID = 256
 	// MaxReplyOutput is the most output a start or wait reply carries inline; the rest is in the file.
 	MaxReplyOutput = 1 << 20
 )
@@ -48,6 +51,8 @@ type StartRequest struct {
 	Persistent bool
 	// NotificationFormat is the format of the job's notifications ("": its session's).
 	NotificationFormat Format
+	// ToolCallID is the agent's tool call that starts the job ("": none): its notifications name it.
+	ToolCallID string
 }
 
 // Source is where a job's output comes from when it runs no command.
@@ -149,6 +154,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 			return err
 		}
 		r.NotifyOnOutput = &n
+	}
+	if len(r.ToolCallID) > MaxToolCallID || strings.ContainsFunc(r.ToolCallID, unicode.IsControl) {
+		return Errorf(EINVALID, "tool_call_id must be at most %d bytes with no control characters.", MaxToolCallID)
 	}
 	if _, err := ParseFormat("notification_format", string(r.NotificationFormat)); err != nil {
 		return err

@@ -285,7 +285,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Source: req.Source, Cwd: req.Cwd,
 		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
-		NotificationFormat: req.NotificationFormat, Claim: newClaim(),
+		NotificationFormat: req.NotificationFormat, ToolCallID: req.ToolCallID, Claim: newClaim(),
 	}
 	if job.Limits.OutputBytes == 0 {
 		job.Limits.OutputBytes = s.cfg.DefaultOutputBytes

@@ -191,6 +191,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.BoolVar(&req.Monitor, "monitor", false, "notify every output line (stopped if it prints too fast)")
 	fs.BoolVar(&req.Persistent, "persistent", false, "with --monitor: no default timeout")
 	ws := fs.String("ws", "", "instead of a command, a ws:// or wss:// URL whose messages are the output (read by the runner)")
+	fs.StringVar(&req.ToolCallID, "tool-call-id", "", "the agent's tool call that starts the job: its notifications name it (tool_call_id, <tool_use_id>)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -49,6 +49,8 @@ type Job struct {
 	NotifyOnOutput *NotifyOnOutput `json:"notify_on_output"`
 	Monitor        bool            `json:"monitor"`
 	Persistent     bool            `json:"persistent"`
+	// ToolCallID is the tool call that started the job, when its start named one.
+	ToolCallID string `json:"tool_call_id,omitempty"`
 }
 
 // Ended reports whether the job's status is final.
@@ -99,6 +101,9 @@ type StartRequest struct {
 	// NotificationFormat is the format of the job's notifications (FormatSystem or FormatTask;
 	// "": its session's).
 	NotificationFormat string `json:"notification_format,omitempty"`
+	// ToolCallID is the agent's tool call that starts the job: its notifications echo it (in
+	// <task-notification> as <tool_use_id>).
+	ToolCallID string `json:"tool_call_id,omitempty"`
 	// BlockUntil makes the call wait up to this long for the job to end (sent as block_until_ms).
 	BlockUntil time.Duration `json:"-"`
 }

@@ -36,6 +36,10 @@ type startBody struct {
 	Persistent   bool              `json:"persistent"`
 	// NotificationFormat is the format of the job's notifications (docs/notifications.md).
 	NotificationFormat string `json:"notification_format"`
+	// ToolCallID (alias ToolUseID, Claude Code's name) is the caller's tool call: the job's
+	// notifications echo it.
+	ToolCallID string `json:"tool_call_id"`
+	ToolUseID  string `json:"tool_use_id"`
 }
 
 // startReply is the reply to POST /v1/jobs. Output is the output's bytes (its last
@@ -62,6 +66,13 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	if b.Session == "" {
 		b.Session = r.Header.Get("Sbx-Session")
 	}
+	switch {
+	case b.ToolCallID == "":
+		b.ToolCallID = b.ToolUseID
+	case b.ToolUseID != "" && b.ToolUseID != b.ToolCallID:
+		s.writeError(w, r, invalid("tool_call_id and tool_use_id name the same thing: give one."))
+		return
+	}
 	var notify *coordinator.OutputNotify
 	if n := b.NotifyOnOut; n != nil {
 		// Checked here as well as in the domain: a huge value would overflow time.Duration.
@@ -86,7 +97,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
 			Pids: b.Limits.Pids, OutputBytes: b.Limits.OutputBytes, TimeoutMS: b.Limits.TimeoutMS,
 		},
-		NotificationFormat: coordinator.Format(b.NotificationFormat),
+		NotificationFormat: coordinator.Format(b.NotificationFormat), ToolCallID: b.ToolCallID,
 	})
 	if err != nil {
 		s.writeError(w, r, err)
