@@ -346,6 +346,33 @@ func TestObserved(t *testing.T) {
 			t.Fatalf("want the finished notification, got:\n%s", summary(notes))
 		}
 	})
+	// A kill asked for by the job's own session is the agent's doing: its end notifies nothing. One
+	// from another session, or a signal that is no stop, leaves the end to notify.
+	for _, tc := range []struct {
+		name, session, signal string
+		notes                 int
+	}{
+		{"kill from its own session", "default", "", 0},
+		{"KILL from its own session", "default", "KILL", 0},
+		{"kill from another session", "other", "", 1},
+		{"kill from no session", "", "", 1},
+		{"HUP from its own session", "default", "HUP", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			id := e.start(coordinator.StartRequest{})
+			if err := e.svc.KillFrom(t.Context(), tc.session, id, tc.signal); err != nil {
+				t.Fatal(err)
+			}
+			e.exit(id, proto.ReasonKilled, 143, 0)
+			if notes := e.notes("default", 0); len(notes) != tc.notes {
+				t.Fatalf("got %d notifications, want %d:\n%s", len(notes), tc.notes, summary(notes))
+			}
+			if j, _ := e.svc.Job(t.Context(), id); j.Observed != (tc.notes == 0) {
+				t.Fatalf("job observed %v", j.Observed)
+			}
+		})
+	}
 }
 
 // TestOutputDebounce: the first match notifies at once, later ones in the window are counted into

@@ -146,6 +146,8 @@ type liveJob struct {
 	// observer then returns without reporting it (endSeen stays false).
 	observers int
 	endSeen   bool
+	// ownerKill: the job's own session asked for its kill, so its end is observed (KillFrom).
+	ownerKill bool
 	// sessionEnded: the job's session ended, so its end is session_ended. quiet: it notifies nothing.
 	sessionEnded bool
 	quiet        bool
@@ -494,7 +496,7 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 	if sawEnd {
 		l.endSeen = true
 	}
-	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet || l.endNotified() {
+	if l.observers > 0 || !l.job.Observed || l.endSeen || l.ownerKill || l.quiet || l.endNotified() {
 		return
 	}
 	l.endSeen = true // once
@@ -576,6 +578,30 @@ func (s *Service) Follow(ctx context.Context, id string, offset int64, w io.Writ
 			return nil
 		}
 	}
+}
+
+// KillFrom is Kill asked for by a caller of session. A stop (TERM or KILL) asked for by the job's
+// own session is the agent's own doing: its end counts as observed and notifies nothing, as the
+// agent tools mark a job notified before they kill it. A kill from another session (or "", none)
+// notifies, as a timeout does. Should the kill fail, the end notifies again.
+func (s *Service) KillFrom(ctx context.Context, session, id, signal string) error {
+	own := false
+	if signal == "" || signal == "TERM" || signal == "KILL" {
+		s.mu.Lock()
+		if l, ok := s.live[id]; ok && session != "" && l.job.Session == session {
+			own, l.ownerKill = !l.ownerKill, true
+		}
+		s.mu.Unlock()
+	}
+	err := s.Kill(ctx, id, signal)
+	if err != nil && own {
+		s.mu.Lock()
+		if l, ok := s.live[id]; ok {
+			l.ownerKill = false
+		}
+		s.mu.Unlock()
+	}
+	return err
 }
 
 // Kill stops a job: a queued one is withdrawn, a running one is signalled by its runner. Killing an
@@ -787,7 +813,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 			l.watch.end(s.cfg.Now())
 			notes = l.watch.take()
 		}
-		if l.observers > 0 {
+		if l.observers > 0 || l.ownerKill {
 			j.Observed = true
 		} else if !l.endNotified() {
 			notes = append(notes, finishedNote(j))

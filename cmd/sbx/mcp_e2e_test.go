@@ -46,7 +46,7 @@ func testMCPStdio(t *testing.T, addr, token, cwd string) {
 		if err := json.Unmarshal(e.Params, &p); err != nil {
 			t.Fatal(err)
 		}
-		if p.Content != n.Text || p.Meta["job_id"] != n.JobID || p.Meta["seq"] != jsonText(n.Seq) || p.Meta["status"] != "aborted" {
+		if p.Content != n.Text || p.Meta["job_id"] != n.JobID || p.Meta["seq"] != jsonText(n.Seq) || p.Meta["status"] != "error" {
 			t.Errorf("channel event %s, want the notification %+v", e.Params, n)
 		}
 	case <-time.After(10 * time.Second):
@@ -195,10 +195,20 @@ func driveMCP(t *testing.T, m *mcpClient, maxBlock time.Duration, extra ...strin
 	if took := time.Since(begin); took > maxBlock+3*time.Second || res.Done || res.Next == nil || res.Next.Arguments["id"] != id {
 		t.Errorf("long wait took %s: %+v", took, res)
 	}
+	// The agent's own kill is observed: no notification follows it. A job that fails on its own
+	// is pushed.
 	call[any](t, cs, "kill", map[string]any{"id": id})
-	n := nextPush(t, m.logs, id)
-	if n.Status != "aborted" || !strings.Contains(n.Text, "task_id: "+id) {
+	failing := map[string]any{"command": "sleep 0.3; exit 3", "title": "fails"}
+	for i := 0; i+1 < len(extra); i += 2 {
+		failing[extra[i]] = extra[i+1]
+	}
+	_, res = call[mcpJobResult](t, cs, "run", failing)
+	n := nextPush(t, m.logs, res.Job.ID)
+	if n.Status != "error" || !strings.Contains(n.Text, "task_id: "+res.Job.ID) {
 		t.Errorf("pushed: %+v", n)
+	}
+	if _, page := call[client.Notifications](t, cs, "notifications", nil); len(page.Notifications) != 1 || page.Notifications[0].JobID != res.Job.ID {
+		t.Errorf("notifications after a kill and a failure: %+v", page)
 	}
 	call[any](t, cs, "ack", map[string]any{"seq": n.Seq})
 	return n

@@ -299,6 +299,9 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
 
 type killBody struct {
 	Signal string `json:"signal"`
+	// Session is the caller's (else the Sbx-Session header's, else default): a kill from the job's
+	// own session notifies nothing.
+	Session string `json:"session"`
 }
 
 type killReply struct {
@@ -316,7 +319,15 @@ func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.svc.Kill(r.Context(), id, b.Signal); err != nil {
+	session := b.Session
+	if session == "" {
+		session = r.Header.Get("Sbx-Session")
+	}
+	if session == "" {
+		session = "default"
+	}
+	// A kill from the job's own session is observed: no finished notification follows.
+	if err := s.svc.KillFrom(r.Context(), session, id, b.Signal); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
