@@ -14,12 +14,14 @@ import (
 
 // Bounds of output notifications (see docs/notifications.md).
 const (
-	// MaxNotifyPattern and MaxNotifyReason bound notify_on_output's pattern and reason, in characters.
+	// MaxNotifyPattern bounds notify_on_output's pattern, in characters; MaxNotifyReason is where a
+	// longer reason (the notifications' title) is cut, with "...", as the seed tools cut it.
 	MaxNotifyPattern = 500
 	MaxNotifyReason  = 500
-	// DefaultDebounce is the debounce window when the request sets none; it is also the minimum.
+	// DefaultDebounce is the debounce window when the request sets none; it is also the minimum: a
+	// shorter one is raised to it, as the seed tools raise it.
 	DefaultDebounce = 5 * time.Second
-	// MaxDebounce bounds the debounce window.
+	// MaxDebounce bounds the debounce window; a longer one is lowered to it.
 	MaxDebounce = time.Hour
 	// MaxMatches is how many matches of a job are notified; the last one sends the limit notice too.
 	MaxMatches = 100
@@ -50,15 +52,11 @@ func (o *OutputNotify) validate(minDebounce time.Duration) error {
 	if _, err := regexp.Compile(o.Pattern); err != nil {
 		return Errorf(EINVALID, "notify_on_output.pattern is not a valid RE2 expression: %v.", err)
 	}
-	if n := utf8.RuneCountInString(o.Reason); n > MaxNotifyReason {
-		return Errorf(EINVALID, "notify_on_output.reason is %d characters; the limit is %d.", n, MaxNotifyReason)
+	o.Reason = cutTitle(strings.TrimSpace(o.Reason))
+	if o.DebounceMS < 0 {
+		return Errorf(EINVALID, "notify_on_output.debounce_ms must not be negative.")
 	}
-	if o.DebounceMS == 0 {
-		o.DebounceMS = DefaultDebounce.Milliseconds()
-	}
-	if o.DebounceMS < minDebounce.Milliseconds() || o.DebounceMS > MaxDebounce.Milliseconds() {
-		return Errorf(EINVALID, "notify_on_output.debounce_ms must be between %d and %d.", minDebounce.Milliseconds(), MaxDebounce.Milliseconds())
-	}
+	o.DebounceMS = min(max(o.DebounceMS, minDebounce.Milliseconds()), MaxDebounce.Milliseconds())
 	return nil
 }
 
@@ -122,15 +120,19 @@ func newWatch(j *Job, cfg *Config) *watch {
 	return w
 }
 
-// matchTitle is the title of a job's output notifications: the reason, else a sentence naming the
-// pattern, cut to MaxNotifyReason characters as Cursor cuts it.
+// matchTitle is the title of a job's output notifications: the reason (cut at the start), else a
+// sentence naming the pattern, cut the same way.
 func matchTitle(n *OutputNotify) string {
-	t := strings.TrimSpace(n.Reason)
-	if t == "" {
-		t = "Shell output contains /" + n.Pattern + "/"
+	if t := strings.TrimSpace(n.Reason); t != "" {
+		return t
 	}
+	return cutTitle("Shell output contains /" + n.Pattern + "/")
+}
+
+// cutTitle cuts a title longer than MaxNotifyReason characters there, with "...", as Cursor does.
+func cutTitle(t string) string {
 	if r := []rune(t); len(r) > MaxNotifyReason {
-		t = string(r[:MaxNotifyReason]) + "..."
+		return string(r[:MaxNotifyReason]) + "..."
 	}
 	return t
 }

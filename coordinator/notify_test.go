@@ -790,7 +790,6 @@ func TestNotificationsRead(t *testing.T) {
 		{"ack unknown", second(e.svc.Ack(ctx, "nope", 1)), coordinator.ENOTFOUND, `"nope"`},
 		{"bad regex", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "("}})), coordinator.EINVALID, "notify_on_output.pattern"},
 		{"long pattern", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: strings.Repeat("a", 501)}})), coordinator.EINVALID, "notify_on_output.pattern"},
-		{"long reason", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "a", Reason: strings.Repeat("é", 501)}})), coordinator.EINVALID, "notify_on_output.reason"},
 		{"negative debounce", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "a", DebounceMS: -1}})), coordinator.EINVALID, "notify_on_output.debounce_ms"},
 		{"persistent alone", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", Persistent: true})), coordinator.EINVALID, "persistent"},
 		{"short lease", second(e.svc.OpenSession(ctx, "s", time.Millisecond)), coordinator.EINVALID, "lease_ms"},

@@ -12,15 +12,18 @@ import (
 
 // Bounds of a start request. They are documented in docs/limits.md.
 const (
-	MaxBlockUntil    = 10 * time.Minute
+	// MaxBlockUntil and MaxWaitTimeout are the seed tools' longest wait (119 minutes); a longer one
+	// is clamped to it.
+	MaxBlockUntil    = 7140 * time.Second
 	MaxWaitTimeout   = 7140 * time.Second
 	DefaultWait      = 30 * time.Second
 	MinMemoryBytes   = 4 << 20
 	MinCPUMillicores = 10
 	// MaxToolCallID bounds a start's tool_call_id (tool call ids are tens of characters).
 	MaxToolCallID = 256
-	// MaxReplyOutput is the most output a start or wait reply carries inline; the rest is in the file.
-	MaxReplyOutput = 1 << 20
+	// MaxReplyOutput is the most output a start's reply carries inline, as the MCP tools do: an
+	// agent's context is the scarce thing, and the rest is in the file.
+	MaxReplyOutput = 30 << 10
 )
 
 // StartRequest asks for a job.

@@ -267,9 +267,15 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 
 // StartResult is the reply to a start.
 type StartResult struct {
-	Job          *Job
-	Output       []byte
-	Backgrounded bool
+	Job *Job
+	// Output is the output's end: all of it, or (OutputTruncated) its last MaxReplyOutput bytes at
+	// most, from a line's start. OutputBytes is the whole output's size.
+	Output          []byte
+	OutputBytes     int64
+	OutputTruncated bool
+	// OutputLines counts Output's lines, TotalLines the whole output's.
+	OutputLines, TotalLines int
+	Backgrounded            bool
 }
 
 // Start validates the request, records the job, queues it and, when asked, waits for it to end.
@@ -344,10 +350,11 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		res.Job = w.Job
 	}
 	res.Backgrounded = !res.Job.Status.Ended()
-	res.Output, err = s.tail(res.Job.ID, MaxReplyOutput)
+	t, err := s.tail(res.Job.ID)
 	if err != nil {
 		return nil, err
 	}
+	res.Output, res.OutputBytes, res.OutputTruncated, res.OutputLines, res.TotalLines = t.data, t.size, t.truncated, t.lines, t.total
 	return res, nil
 }
 
@@ -507,20 +514,6 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 }
 
 // tail returns up to limit bytes of the end of a job's output.
-func (s *Service) tail(id string, limit int64) ([]byte, error) {
-	_, size, _, err := s.watch(context.Background(), id)
-	if err != nil {
-		return nil, err
-	}
-	off := max(0, size-limit)
-	rc, err := s.out.Open(id, off, size-off)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	return io.ReadAll(rc)
-}
-
 // Output returns a reader of the job's body from offset, at most limit bytes (limit < 0: all there is
 // now), and the body's size now.
 func (s *Service) Output(ctx context.Context, id string, offset, limit int64) (io.ReadCloser, int64, error) {

@@ -246,6 +246,10 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 		return nil
 	}
 	if reply.Backgrounded {
+		// stdout keeps the job's bytes; the note says they are its end only.
+		if note := reply.TruncationNote(); note != "" {
+			fmt.Fprintln(cc.stderr, note)
+		}
 		fmt.Fprint(cc.stdout, reply.Output)
 		return &exitError{code: 0, msg: fmt.Sprintf("job %s still running after %s; follow it with: sbx logs -f %s", reply.Job.ID, wait, reply.Job.ID)}
 	}

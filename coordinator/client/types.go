@@ -2,6 +2,7 @@ package client
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -129,9 +130,24 @@ type NotifyOnOutput struct {
 // time) as a string: bytes that were not valid UTF-8 arrive as U+FFFD; Output on Client reads the
 // exact bytes.
 type StartReply struct {
-	Job          Job    `json:"job"`
-	Output       string `json:"output"`
-	Backgrounded bool   `json:"backgrounded"`
+	Job    Job    `json:"job"`
+	Output string `json:"output"`
+	// OutputTruncated says Output is only the end (the last 30 KiB at most, from a line's start) of
+	// the OutputBytes there are; OutputLines and OutputTotalLines count the lines shown and all.
+	OutputTruncated  bool  `json:"output_truncated"`
+	OutputBytes      int64 `json:"output_bytes"`
+	OutputLines      int   `json:"output_lines"`
+	OutputTotalLines int   `json:"output_total_lines"`
+	Backgrounded     bool  `json:"backgrounded"`
+}
+
+// TruncationNote is the line a text rendering writes above a cut output, the background shell
+// tool's ("" when the output is whole).
+func (r *StartReply) TruncationNote() string {
+	if !r.OutputTruncated {
+		return ""
+	}
+	return fmt.Sprintf("[showing the last %d of %d lines; the full output is in %s]", r.OutputLines, r.OutputTotalLines, r.Job.OutputPath)
 }
 
 // WaitReply is what a wait saw.

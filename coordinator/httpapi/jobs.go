@@ -42,13 +42,19 @@ type startBody struct {
 	ToolUseID  string `json:"tool_use_id"`
 }
 
-// startReply is the reply to POST /v1/jobs. Output is the output's bytes (its last
-// coordinator.MaxReplyOutput) as a JSON string: bytes that are not valid UTF-8 become U+FFFD, so
-// a client that needs the exact bytes reads GET /v1/jobs/{id}/output.
+// startReply is the reply to POST /v1/jobs. Output is the output's bytes (at most its last
+// coordinator.MaxReplyOutput, from a line's start) as a JSON string: bytes that are not valid UTF-8
+// become U+FFFD, so a client that needs the exact bytes reads GET /v1/jobs/{id}/output.
+// OutputTruncated says Output is only the end of the output_bytes there are; OutputLines and
+// OutputTotalLines count the lines shown and all of them, for a rendering's note.
 type startReply struct {
-	Job          *jobView `json:"job"`
-	Output       string   `json:"output"`
-	Backgrounded bool     `json:"backgrounded"`
+	Job              *jobView `json:"job"`
+	Output           string   `json:"output"`
+	OutputTruncated  bool     `json:"output_truncated"`
+	OutputBytes      int64    `json:"output_bytes"`
+	OutputLines      int      `json:"output_lines"`
+	OutputTotalLines int      `json:"output_total_lines"`
+	Backgrounded     bool     `json:"backgrounded"`
 }
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
@@ -105,6 +111,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusCreated, startReply{
 		Job: viewJob(res.Job, time.Now()), Output: string(res.Output), Backgrounded: res.Backgrounded,
+		OutputTruncated: res.OutputTruncated, OutputBytes: res.OutputBytes, OutputLines: res.OutputLines, OutputTotalLines: res.TotalLines,
 	})
 }
 
