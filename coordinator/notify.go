@@ -30,6 +30,11 @@ const (
 	MaxMatchText = 5000
 	// maxLine is the longest partial line held; a longer one is handled as a line of its own.
 	maxLine = 64 << 10
+	// matchChunk is the most output matched at once, and matchCarry how many characters of the
+	// output before it are matched with it, so that a match can span lines and chunks: pi-pstack's
+	// output watch (pi.15) matches its stream so.
+	matchChunk = 64 << 10
+	matchCarry = 1024
 	// stallTail is how many lines of output a stall notification quotes.
 	stallTail = 10
 )
@@ -71,17 +76,22 @@ type note struct {
 	event   string
 }
 
-// watch follows one job's output line by line: it matches notify_on_output's pattern, debouncing,
-// and collects a monitor's lines. It sees only the gap-free body, in order. Its owner holds s.mu.
+// watch follows one job's output: it matches notify_on_output's pattern over the stream,
+// debouncing, and collects a monitor's lines. It sees only the gap-free body, in order. Its owner
+// holds s.mu.
 type watch struct {
 	jobTitle string
 	re       *regexp.Regexp
 	pattern  string
 	title    string // the title of the job's output notifications: the reason
 	debounce time.Duration
-	// partial holds each stream's unfinished last line: [0] stdout (or both, interleaved), [1] the
-	// stderr of a job that reads it apart.
-	partial [2][]byte
+	// partial holds stdout's unfinished last line, for a monitor's events.
+	partial []byte
+	// held is each stream's output not matched yet: its unfinished last line (a match waits for the
+	// line's end, so that `Local:.*` quotes the whole line); carry the last matchCarry characters
+	// of what each stream matched, which the next chunk is matched with.
+	held  [2][]byte
+	carry [2]string
 
 	matches   int       // lines that matched so far
 	windowEnd time.Time // end of the debounce window; zero when none is open
@@ -110,7 +120,8 @@ func newWatch(j *Job, cfg *Config) *watch {
 	w := &watch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow}
 	if j.Notify != nil {
 		// The pattern was checked at the start; a stored one that no longer compiles watches nothing.
-		re, err := regexp.Compile(j.Notify.Pattern)
+		// Multiline, as the seed compiles it: ^ and $ match at line boundaries.
+		re, err := regexp.Compile("(?m:" + j.Notify.Pattern + ")")
 		if err == nil {
 			w.re, w.pattern = re, j.Notify.Pattern
 			w.title = matchTitle(j.Notify)
@@ -145,36 +156,88 @@ func (w *watch) feed(p []byte, stderr bool, now time.Time) {
 	if stderr {
 		s = 1
 	}
+	if w.monitor && !stderr {
+		w.lines(p, now)
+	}
+	w.scan(s, p, false, now)
+	w.flushMonitor()
+}
+
+// lines splits stdout's bytes into a monitor's lines.
+func (w *watch) lines(p []byte, now time.Time) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
-			w.partial[s] = append(w.partial[s], p...)
-			if len(w.partial[s]) >= maxLine {
-				w.line(string(w.partial[s]), stderr, now)
-				w.partial[s] = w.partial[s][:0]
+			w.partial = append(w.partial, p...)
+			if len(w.partial) >= maxLine {
+				w.line(string(w.partial), now)
+				w.partial = w.partial[:0]
 			}
 			break
 		}
 		var line string
-		if len(w.partial[s]) > 0 {
-			line = string(append(w.partial[s], p[:i]...))
-			w.partial[s] = w.partial[s][:0]
+		if len(w.partial) > 0 {
+			line = string(append(w.partial, p[:i]...))
+			w.partial = w.partial[:0]
 		} else {
 			line = string(p[:i])
 		}
-		w.line(strings.TrimRight(line, "\r"), stderr, now)
+		w.line(strings.TrimRight(line, "\r"), now)
 		p = p[i+1:]
 	}
-	w.flushMonitor()
+}
+
+// scan matches the pattern over a stream: the bytes up to the last newline held and given, in
+// chunks of at most matchChunk bytes, each with the carry of what came before it. A match counts
+// once: when it ends in the new chunk. final matches what is held, the job having ended.
+func (w *watch) scan(s int, p []byte, final bool, now time.Time) {
+	if w.re == nil {
+		return
+	}
+	w.held[s] = append(w.held[s], p...)
+	n := bytes.LastIndexByte(w.held[s], '\n') + 1
+	if final || len(w.held[s])-n >= maxLine {
+		n = len(w.held[s])
+	}
+	ready := w.held[s][:n]
+	for len(ready) > 0 && !w.limited && !w.monStopped {
+		k := min(len(ready), matchChunk)
+		for k < len(ready) && !utf8.RuneStart(ready[k]) {
+			k-- // a chunk ends at a character's end
+		}
+		if k == 0 {
+			k = min(len(ready), matchChunk)
+		}
+		text := w.carry[s] + strings.ReplaceAll(string(ready[:k]), "\r\n", "\n")
+		for _, loc := range w.re.FindAllStringIndex(text, -1) {
+			if loc[1] > len(w.carry[s]) && !w.limited {
+				w.match(text[loc[0]:loc[1]], now)
+			}
+		}
+		w.carry[s] = lastRunes(text, matchCarry)
+		ready = ready[k:]
+	}
+	w.held[s] = append(w.held[s][:0], w.held[s][n:]...)
+}
+
+// lastRunes is the end of s, at most n characters.
+func lastRunes(s string, n int) string {
+	i := len(s)
+	for ; i > 0 && n > 0; n-- {
+		_, size := utf8.DecodeLastRuneInString(s[:i])
+		i -= size
+	}
+	return s[i:]
 }
 
 // end handles the held partial lines and flushes what is pending: the job ended.
 func (w *watch) end(now time.Time) {
-	for s, partial := range w.partial {
-		if len(partial) > 0 {
-			w.line(strings.TrimRight(string(partial), "\r"), s == 1, now)
-			w.partial[s] = nil
-		}
+	if len(w.partial) > 0 {
+		w.line(strings.TrimRight(string(w.partial), "\r"), now)
+		w.partial = nil
+	}
+	for s := range w.held {
+		w.scan(s, nil, true, now)
 	}
 	w.flushMonitor()
 	w.flushMatches()
@@ -193,36 +256,31 @@ func (w *watch) tick(now time.Time) {
 	w.windowEnd = time.Time{}
 }
 
-func (w *watch) line(line string, stderr bool, now time.Time) {
+// line takes one of a monitor's lines.
+func (w *watch) line(line string, now time.Time) {
 	if w.monStopped {
 		return // the stop notice was the monitor's last word
 	}
-	if w.monitor && !stderr {
-		if w.monStart.IsZero() || now.Sub(w.monStart) >= w.monWindow {
-			w.monStart, w.monCount = now, 0
-		}
-		w.monCount++
-		if w.monCount > w.monMax {
-			w.flushMonitor()
-			w.flushMatches()
-			w.monStopped = true
-			stop := fmt.Sprintf("[Monitor stopped — too much output (more than %d lines in %s). Restart with a more selective source.]", w.monMax, w.monWindow)
-			// The <task-notification> is the async-bash tool's terminal notice of a firehose.
-			summary := fmt.Sprintf(`Monitor "%s" stopped (too many events (>%d/%ss) — restart with a tighter filter)`,
-				w.jobTitle, w.monMax, strconv.FormatFloat(w.monWindow.Seconds(), 'f', -1, 64))
-			w.notes = append(w.notes, note{kind: KindLimit, status: NoteAborted, detail: stop, summary: summary})
-			return
-		}
-		w.monLines = append(w.monLines, describe(line, "line"))
+	if w.monStart.IsZero() || now.Sub(w.monStart) >= w.monWindow {
+		w.monStart, w.monCount = now, 0
 	}
-	if w.re == nil || w.limited {
+	w.monCount++
+	if w.monCount > w.monMax {
+		w.flushMonitor()
+		w.flushMatches()
+		w.monStopped = true
+		stop := fmt.Sprintf("[Monitor stopped — too much output (more than %d lines in %s). Restart with a more selective source.]", w.monMax, w.monWindow)
+		// The <task-notification> is the async-bash tool's terminal notice of a firehose.
+		summary := fmt.Sprintf(`Monitor "%s" stopped (too many events (>%d/%ss) — restart with a tighter filter)`,
+			w.jobTitle, w.monMax, strconv.FormatFloat(w.monWindow.Seconds(), 'f', -1, 64))
+		w.notes = append(w.notes, note{kind: KindLimit, status: NoteAborted, detail: stop, summary: summary})
 		return
 	}
-	loc := w.re.FindStringIndex(line)
-	if loc == nil {
-		return
-	}
-	text := line[loc[0]:loc[1]]
+	w.monLines = append(w.monLines, describe(line, "line"))
+}
+
+// match takes one match of the pattern, with the text it matched.
+func (w *watch) match(text string, now time.Time) {
 	w.tick(now)
 	w.matches++
 	if w.windowEnd.IsZero() {

@@ -407,6 +407,23 @@ func TestOutputDebounce(t *testing.T) {
 	}
 }
 
+// TestOutputStream: the pattern is matched over the stream, as pi-pstack's output watch matches
+// it: a match may span lines and chunks, counts once, and quotes what it spans; ^ and $ match at line
+// boundaries.
+func TestOutputStream(t *testing.T) {
+	e := newEnv(t)
+	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `(?s)^panic: [^\n]*\n\ngoroutine \d+`, Reason: "panic"}})
+	out := "ok\npanic: boom\n\ngoroutine 7 [running]:\nmain.main()\n"
+	// Split inside the panic, so that no chunk holds the whole match.
+	e.chunk(id, 0, out[:12])
+	e.chunk(id, 12, out[12:22])
+	e.chunk(id, 22, out[22:])
+	e.exit(id, proto.ReasonExit, 2, int64(len(out)))
+	e.wantNotes(`1 output success "Shell output has pattern /(?s)^panic: [^\\n]*\\n\\ngoroutine \\d+/. This is occurrence number 1. Matched text: panic: boom\n\ngoroutine 7. The title message is being displayed to the user."
+2 finished error "exit_code=2"
+`)
+}
+
 // TestOutputWindow: a window that closes sends what it counted; after a quiet window the next match
 // notifies at once; a partial last line is matched at the end. Without a reason the title names
 // the pattern.
