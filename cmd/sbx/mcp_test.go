@@ -242,9 +242,21 @@ func testMCPTools(t *testing.T, cs *mcp.ClientSession) {
 			t.Errorf("%s: description too thin: %q", name, tool.Description)
 		}
 	}
+	// The seeds' guidance: when not to poll, wait slices, what to do with a hung job, the output
+	// file's header, kill <pid>.
 	for name, want := range map[string]string{"run": "block_until_ms", "wait": "pattern", "notifications": "ack"} {
 		if !strings.Contains(byName[name].Description, want) {
 			t.Errorf("%s's description does not mention %s", name, want)
+		}
+	}
+	for name, wants := range map[string][]string{
+		"run":  {"do not wait for that", "head -n 10", "kill <pid>", "one-shot"},
+		"wait": {"Prefer NOT to poll", "60–270 s", "appears hung", "kill <pid>", "stale notifications"},
+	} {
+		for _, want := range wants {
+			if !strings.Contains(byName[name].Description, want) {
+				t.Errorf("%s's description lacks %q", name, want)
+			}
 		}
 	}
 	// end_session says what a session id is.
