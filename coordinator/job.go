@@ -86,6 +86,8 @@ type Job struct {
 	NotificationFormat Format `json:"notification_format,omitempty"`
 	// ToolCallID is the agent's tool call that started the job, echoed in its notifications.
 	ToolCallID string `json:"tool_call_id,omitempty"`
+	// LingerCgroup keeps the job until its cgroup is empty (StartRequest.LingerCgroup).
+	LingerCgroup bool `json:"linger_cgroup,omitempty"`
 	// Observed is set when the end was seen by a waiting caller, so no finished notification was sent.
 	Observed bool `json:"observed,omitempty"`
 	// QueuedReason says why a queued job waits, from what the coordinator knows of the runners at the

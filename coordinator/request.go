@@ -37,8 +37,10 @@ type StartRequest struct {
 	Readonly bool
 	// User names the account the job runs as on its runner ("": the runner's default).
 	User string
-	// Linger keeps the job until its output closes, not only until its shell exits.
-	Linger bool
+	// Linger keeps the job until its output closes, not only until its shell exits. LingerCgroup
+	// keeps it until every process it started has exited, daemons that closed their output too.
+	Linger       bool
+	LingerCgroup bool
 	// Stdin gives the job an input pipe, written with Input; else it reads /dev/null.
 	Stdin bool
 	// Shell is "sh", "bash" or "" for the runner's default (bash where installed).

@@ -291,7 +291,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	now := s.cfg.Now()
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Source: req.Source, Cwd: req.Cwd,
-		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, LingerCgroup: req.LingerCgroup, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
 		NotificationFormat: req.NotificationFormat, ToolCallID: req.ToolCallID, Claim: newClaim(),
 	}
@@ -304,7 +304,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job.OutputPath = s.out.Path(job.ID)
 	work := &proto.Work{
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
-		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
+		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, LingerCgroup: job.LingerCgroup, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
 		Claim:          job.Claim,
 		SeparateStderr: job.Monitor, Source: job.Source,
 	}

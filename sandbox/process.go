@@ -55,8 +55,9 @@ type Process struct {
 	killAt  time.Time      // when a kill's grace ends and everything left gets SIGKILL
 	kicked  chan struct{}  // closed by the first Kill
 	escal   sync.WaitGroup // escalate, which Wait waits for
-	// linger keeps the job after its main process exits, until its output closes (Spec.Linger).
-	linger bool
+	// linger keeps the job after its main process exits, until its output closes (Spec.Linger);
+	// lingerCgroup until its cgroup is empty (Spec.LingerCgroup).
+	linger, lingerCgroup bool
 
 	// killMu serialises cgroup kills between escalate and the finishing goroutine.
 	killMu sync.Mutex
@@ -145,7 +146,7 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 	}
 	p := &Process{
 		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{})}, errs: errs, in: in, done: make(chan struct{}),
-		kicked: make(chan struct{}), release: release, linger: spec.Linger,
+		kicked: make(chan struct{}), release: release, linger: spec.Linger, lingerCgroup: spec.LingerCgroup,
 	}
 	startErr := make(chan error, 1)
 	go p.run(cmd, childEnds, started, startErr)
@@ -215,9 +216,12 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 		}
 	}
 	p.mu.Lock()
-	linger := p.linger
+	linger, lingerCgroup := p.linger, p.lingerCgroup
 	p.mu.Unlock()
-	if linger {
+	if lingerCgroup {
+		waitEmptyOrKicked(g.pids, p.kicked)
+	}
+	if linger || lingerCgroup {
 		for _, o := range []*output{p.out, p.errs} {
 			if o == nil {
 				continue

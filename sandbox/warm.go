@@ -233,7 +233,7 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, l limits, rel
 		return early(err)
 	}
 	warmRelease := p.release
-	p.g, p.release, p.linger = g, release, spec.Linger
+	p.g, p.release, p.linger, p.lingerCgroup = g, release, spec.Linger, spec.LingerCgroup
 	p.mu.Unlock()
 	warmRelease() // the Manager forgets the spare name; the job's id is live
 	if err := g.cg.Update(res); err != nil {

@@ -184,6 +184,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.StringVar(&req.Pool, "pool", "", "pool of runners")
 	fs.BoolVar(&req.Stdin, "stdin", false, "give the job an input pipe (sbx send writes to it) instead of /dev/null")
 	fs.BoolVar(&req.Linger, "linger", false, "keep the job until its output closes (background children printing), not only until its shell exits")
+	fs.BoolVar(&req.LingerCgroup, "linger-cgroup", false, "keep the job until every process it started has exited, daemons with their output redirected too (nohup setsid srv >/dev/null 2>&1 &)")
 	fs.StringVar(&req.Shell, "shell", "", "sh or bash (default: the runner's, bash where installed)")
 	fs.StringVar(&req.User, "user", "", "user the job runs as (default: the runner's; the runner must allow it)")
 	fs.Var(envList(req.Env), "env", "K=V added to the job's environment (repeatable)")

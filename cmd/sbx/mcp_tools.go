@@ -33,6 +33,7 @@ type (
 		User               string            `json:"user,omitempty" jsonschema:"user to run as, among those the runner allows (default: the runner's)"`
 		Stdin              bool              `json:"stdin,omitempty" jsonschema:"give the job an input that the send tool writes to (default: /dev/null); for commands that ask questions"`
 		Linger             bool              `json:"linger,omitempty" jsonschema:"keep the job until its output closes, not only until the shell exits: for a command that starts background children whose output you want"`
+		LingerCgroup       bool              `json:"linger_cgroup,omitempty" jsonschema:"keep the job until every process it started has exited, a daemon started with nohup or setsid and its output redirected too: it stays a job you can wait on and kill"`
 		Pool               string            `json:"pool,omitempty" jsonschema:"pool of runners (default: default)"`
 		Session            string            `json:"session,omitempty" jsonschema:"session of the job (default: this connection's)"`
 		Limits             *mcpLimits        `json:"limits,omitempty" jsonschema:"resource limits; each field is optional, 0 or absent is the default"`
@@ -204,7 +205,7 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	}
 	sr := client.StartRequest{
 		Command: in.Command, Cwd: cmp.Or(in.Cwd, t.cfg.Cwd), Title: in.Title, Env: in.Env, Readonly: in.Readonly,
-		Shell: in.Shell, User: in.User, Stdin: in.Stdin, Linger: in.Linger, Pool: in.Pool, Session: in.Session,
+		Shell: in.Shell, User: in.User, Stdin: in.Stdin, Linger: in.Linger, LingerCgroup: in.LingerCgroup, Pool: in.Pool, Session: in.Session,
 		Monitor: in.Monitor, Persistent: in.Persistent, NotificationFormat: in.NotificationFormat,
 	}
 	if sr.Cwd == "" {

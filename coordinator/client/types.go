@@ -52,6 +52,8 @@ type Job struct {
 	Persistent     bool            `json:"persistent"`
 	// ToolCallID is the tool call that started the job, when its start named one.
 	ToolCallID string `json:"tool_call_id,omitempty"`
+	// LingerCgroup: the job lasts until every process it started has exited.
+	LingerCgroup bool `json:"linger_cgroup"`
 }
 
 // Ended reports whether the job's status is final.
@@ -105,6 +107,10 @@ type StartRequest struct {
 	// ToolCallID is the agent's tool call that starts the job: its notifications echo it (in
 	// <task-notification> as <tool_use_id>).
 	ToolCallID string `json:"tool_call_id,omitempty"`
+	// LingerCgroup keeps the job until every process it started has exited, a daemon that
+	// redirected its output (nohup setsid srv >/dev/null 2>&1 &) included: it stays a job to wait
+	// on and kill.
+	LingerCgroup bool `json:"linger_cgroup,omitempty"`
 	// BlockUntil makes the call wait up to this long for the job to end (sent as block_until_ms).
 	BlockUntil time.Duration `json:"-"`
 }

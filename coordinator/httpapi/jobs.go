@@ -26,6 +26,7 @@ type startBody struct {
 	User         string            `json:"user"`
 	Shell        string            `json:"shell"`
 	Linger       bool              `json:"linger"`
+	LingerCgroup bool              `json:"linger_cgroup"`
 	Stdin        bool              `json:"stdin"`
 	Pool         string            `json:"pool"`
 	Session      string            `json:"session"`
@@ -97,7 +98,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		Source: source, NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
-		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, Stdin: b.Stdin,
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, LingerCgroup: b.LingerCgroup, Stdin: b.Stdin,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,

@@ -45,6 +45,8 @@ type jobView struct {
 	Persistent     bool        `json:"persistent"`
 	// ToolCallID is the start's tool_call_id (or tool_use_id), when it named one.
 	ToolCallID string `json:"tool_call_id,omitempty"`
+	// LingerCgroup extends API.md's job object: the job lasts until its cgroup is empty.
+	LingerCgroup bool `json:"linger_cgroup"`
 }
 
 // sourceView is a job's source, in a start's body and in the job object.
@@ -116,7 +118,7 @@ func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	if n := j.Notify; n != nil {
 		v.NotifyOnOutput = &notifyView{Pattern: n.Pattern, Reason: n.Reason, DebounceMS: n.DebounceMS}
 	}
-	v.Monitor, v.Persistent, v.ToolCallID = j.Monitor, j.Persistent, j.ToolCallID
+	v.Monitor, v.Persistent, v.ToolCallID, v.LingerCgroup = j.Monitor, j.Persistent, j.ToolCallID, j.LingerCgroup
 	return v
 }
 
