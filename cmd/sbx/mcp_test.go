@@ -294,10 +294,14 @@ func testMCPInlineOutput(t *testing.T, cs *mcp.ClientSession) {
 	if !res.Done || res.Job.OutputBytes != 540000 {
 		t.Fatalf("run: %+v", res.Job)
 	}
-	if len(res.Output) > mcpInlineOutput || len(res.Output) < mcpInlineOutput-utf8.UTFMax {
-		t.Errorf("inline output of %d bytes, want the last %d", len(res.Output), mcpInlineOutput)
+	// The last 30 KiB, from the first line that starts in them: 3413 lines of 9 bytes.
+	if len(res.Output) != 3413*9 {
+		t.Errorf("inline output of %d bytes, want the last %d lines", len(res.Output), 3413)
 	}
-	if !utf8.ValidString(res.Output) || !strings.HasSuffix(res.Output, "é 59999\n") || res.OutputEnd != 540000 ||
+	if want := "[showing the last 3413 of 60000 lines; the full output is in " + res.Job.OutputPath + "]\né 56587\n"; !strings.Contains(text, want) {
+		t.Errorf("result text lacks %q:\n%s", want, text[:400])
+	}
+	if !utf8.ValidString(res.Output) || !strings.HasPrefix(res.Output, "é 56587\n") || !strings.HasSuffix(res.Output, "é 59999\n") || res.OutputEnd != 540000 ||
 		res.OutputOffset != res.OutputEnd-int64(len(res.Output)) {
 		t.Errorf("inline output [%d, %d) of %q...%q", res.OutputOffset, res.OutputEnd, res.Output[:20], res.Output[len(res.Output)-20:])
 	}

@@ -112,6 +112,8 @@ type mcpJobResult struct {
 	OutputOffset   int64       `json:"output_offset" jsonschema:"byte offset of the first byte of output"`
 	OutputEnd      int64       `json:"output_end" jsonschema:"byte offset after the last byte of output: the offset to read on from"`
 	Next           *mcpNext    `json:"next,omitempty" jsonschema:"the call that goes on waiting, when this one returned at its time budget"`
+	// note is the background shell tool's line above a cut output, when the lines are counted.
+	note string
 }
 
 // mcpNext is a continuation: the tool to call next and its arguments.
@@ -229,6 +231,10 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	res, err := t.jobResult(ctx, &reply.Job, 0)
 	if err != nil {
 		return nil, nil, err
+	}
+	// The start reply counted the lines of the same cut: its note tells the model how much it sees.
+	if reply.OutputTruncated && res.OutputEnd == reply.OutputBytes && res.Output == reply.Output {
+		res.note = reply.TruncationNote()
 	}
 	var note string
 	switch {
