@@ -93,7 +93,7 @@ type watch struct {
 	held  [2][]byte
 	carry [2]string
 
-	matches   int       // lines that matched so far
+	matches   int       // matches so far
 	windowEnd time.Time // end of the debounce window; zero when none is open
 	pending   int       // matches inside the window not yet notified
 	latest    string    // the text of the latest pending match

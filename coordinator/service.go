@@ -513,7 +513,6 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 	}
 }
 
-// tail returns up to limit bytes of the end of a job's output.
 // Output returns a reader of the job's body from offset, at most limit bytes (limit < 0: all there is
 // now), and the body's size now.
 func (s *Service) Output(ctx context.Context, id string, offset, limit int64) (io.ReadCloser, int64, error) {
