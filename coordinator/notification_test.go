@@ -77,7 +77,7 @@ var renderCases = []renderCase{
 	{"finished, error: the command could not start", func(t *testing.T) *coordinator.Notification {
 		return last(t, nil, coordinator.StartRequest{Title: "unit tests"}, exitWith(proto.ReasonStartFailed, -1, 0, "exec: \"npm\": executable file not found in $PATH"))
 	}},
-	{"finished, aborted: killed on request", func(t *testing.T) *coordinator.Notification {
+	{"finished, aborted: killed from another session", func(t *testing.T) *coordinator.Notification {
 		return last(t, nil, coordinator.StartRequest{Title: "dev server"}, exitWith(proto.ReasonKilled, 143, 15, "killed on request"))
 	}},
 	{"finished, aborted: a signal", func(t *testing.T) *coordinator.Notification {
