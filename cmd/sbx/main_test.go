@@ -432,7 +432,7 @@ func TestNotifyEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	id = strings.TrimSpace(out)
-	got = s.events(t, "e2e", "task_id: "+id+"\ntitle: sh -c 'for i in $(seq 20); do echo ERR $i; done'\ntool_call_id: "+id+"\noutput_path: ")
+	got = s.events(t, "e2e", "task_id: "+id+"\ntitle: sh -c 'for i in $(seq 20); do echo ERR $i; done'\ntool_call_id: "+id+"\n</task>")
 	if n := strings.Count(got, "<system_notification>"); n != 3 {
 		t.Fatalf("got %d notifications, want the first match, the 19 more and the end (the --wait job sends none):\n%s", n, got)
 	}
