@@ -30,7 +30,7 @@ func (s *Service) addNotesLocked(ctx context.Context, l *liveJob, notes []note) 
 		}
 		nn := &Notification{
 			ID: id, Session: j.Session, Kind: n.kind, Status: n.status, JobID: j.ID, Title: title,
-			Detail: n.detail, OutputPath: j.OutputPath, CreatedAt: now, Summary: n.summary, Event: n.event,
+			Detail: n.detail, OutputPath: j.OutputPath, CreatedAt: now, Summary: n.summary, Event: n.event, Advice: n.advice,
 			ToolCallID: j.ToolCallID, Format: s.formatLocked(j),
 		}
 		nn.Text = RenderAs(nn, nn.Format)
@@ -93,27 +93,37 @@ func (s *Service) checkNotes(ctx context.Context) {
 		}
 		// A stall notifies once per job, as Claude Code's does, and never for a monitor, whose
 		// quiet spells are its normal state.
-		if l.job.Monitor || l.stallNotified || l.job.Status != StatusRunning || l.stallChecked || l.size == 0 || now.Sub(l.lastGrowth) < s.cfg.StallAfter {
+		if l.job.Monitor || l.stallNotified || l.job.Status != StatusRunning {
+			continue
+		}
+		if s.inputStallLocked(ctx, l, now) {
+			continue
+		}
+		if l.stallChecked || l.size == 0 || now.Sub(l.lastGrowth) < s.cfg.StallAfter {
 			continue
 		}
 		l.stallChecked = true
-		off := max(0, l.size-stallReadBytes)
-		rc, err := s.out.Open(l.job.ID, off, l.size-off)
+		tail, err := s.tailLocked(l)
 		if err != nil {
 			s.cfg.Logger.Warn("read output tail", "job", l.job.ID, "err", err)
 			continue
 		}
-		tail, err := io.ReadAll(rc)
-		rc.Close()
-		if err != nil {
-			s.cfg.Logger.Warn("read output tail", "job", l.job.ID, "err", err)
-			continue
-		}
-		if n, ok := stallNote(l.job, tail, now.Sub(l.lastGrowth).Truncate(time.Second)); ok {
+		if n, ok := stallNote(l.job, screenText(l.job, tail), now.Sub(l.lastGrowth).Truncate(time.Second)); ok {
 			l.stallNotified = true
 			if err := s.addNotesLocked(ctx, l, []note{n}); err != nil {
 				s.cfg.Logger.Error("store stall notification", "job", l.job.ID, "err", err)
 			}
 		}
 	}
+}
+
+// tailLocked reads the last stallReadBytes of the job's gap-free output. s.mu is held.
+func (s *Service) tailLocked(l *liveJob) ([]byte, error) {
+	off := max(0, l.size-stallReadBytes)
+	rc, err := s.out.Open(l.job.ID, off, l.size-off)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	return io.ReadAll(rc)
 }

@@ -17,6 +17,10 @@ const (
 	EUNAVAILABLE         = "unavailable"
 	EREADONLYUNAVAILABLE = "readonly_unavailable"
 	ETOOLARGE            = "too_large"
+	// EOUTPUTBUDGET: the output stored for all jobs reached Config.OutputBudget; EDISKLOW: the
+	// data disk has less free space than Config.MinFreeBytes. Both refuse new jobs.
+	EOUTPUTBUDGET = "output_budget_exhausted"
+	EDISKLOW      = "disk_low"
 )
 
 // Error is a domain error meant for the caller: a code and one clear sentence.

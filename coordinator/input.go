@@ -28,7 +28,7 @@ func (s *Service) Input(ctx context.Context, id string, data []byte, closeIt boo
 		switch {
 		case changed == nil:
 			return Errorf(ECONFLICT, "Job %s has ended; its input is closed.", id)
-		case !j.Stdin:
+		case !j.Stdin && !j.TTY:
 			return Errorf(ECONFLICT, "Job %s was not started with stdin: true; it reads /dev/null.", id)
 		}
 		if j.Status == StatusRunning {

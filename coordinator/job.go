@@ -43,6 +43,12 @@ type Limits = proto.Limits
 // Usage is what a job consumed.
 type Usage = proto.Usage
 
+// TTYSize is the size of a job's terminal.
+type TTYSize = proto.TTYSize
+
+// Port is a TCP address a job listens on.
+type Port = proto.Port
+
 // Job is one command: what was asked, where it runs and how it ended. It is stored whole; the HTTP
 // adapter decides what the API shows.
 type Job struct {
@@ -90,6 +96,11 @@ type Job struct {
 	LingerCgroup bool `json:"linger_cgroup,omitempty"`
 	// Observed is set when the end was seen by a waiting caller, so no finished notification was sent.
 	Observed bool `json:"observed,omitempty"`
+	// TTY runs the job on a pseudo-terminal of TTYSize (nil: 24×80).
+	TTY     bool     `json:"tty,omitempty"`
+	TTYSize *TTYSize `json:"tty_size,omitempty"`
+	// Ports are the TCP addresses the job's processes listen on, as its runner last saw them.
+	Ports []Port `json:"ports,omitempty"`
 	// QueuedReason says why a queued job waits, from what the coordinator knows of the runners at the
 	// time it is read; it is not stored.
 	QueuedReason string `json:"-"`

@@ -20,6 +20,8 @@ const (
 	KindLimit NotificationKind = "limit"
 	// KindMonitor: lines of a monitor job's output.
 	KindMonitor NotificationKind = "monitor"
+	// KindPort: the job began to listen on a TCP port.
+	KindPort NotificationKind = "port"
 )
 
 // Statuses of a notification.
@@ -70,6 +72,8 @@ type Notification struct {
 	Event      string           `json:"event,omitempty"`
 	// ToolCallID is the tool call that started the job, as its start named it ("": none).
 	ToolCallID string `json:"tool_call_id,omitempty"`
+	// Advice is what a stall's <task-notification> form ends with ("": stallAdvice).
+	Advice string `json:"advice,omitempty"`
 	// Format is the format Text is written in.
 	Format Format `json:"format,omitempty"`
 	Text   string `json:"text"`
@@ -143,7 +147,11 @@ func RenderTask(n *Notification) string {
 	}
 	b.WriteString("</task-notification>")
 	if n.Kind == KindStall {
-		b.WriteString("\nLast output:\n" + escape(n.Event) + "\n\n" + stallAdvice)
+		advice := stallAdvice
+		if n.Advice != "" {
+			advice = escape(n.Advice)
+		}
+		b.WriteString("\nLast output:\n" + escape(n.Event) + "\n\n" + advice)
 	}
 	return b.String()
 }

@@ -44,7 +44,7 @@ func last(t *testing.T, tweak func(*coordinator.Config), req coordinator.StartRe
 	}
 	n := notes[len(notes)-1]
 	// The texts of the docs name one job and one file.
-	for _, s := range []*string{&n.Text, &n.OutputPath} {
+	for _, s := range []*string{&n.Text, &n.OutputPath, &n.Detail, &n.Advice} {
 		*s = strings.ReplaceAll(*s, n.OutputPath, docPath)
 		*s = strings.ReplaceAll(*s, id, docID)
 	}
@@ -116,6 +116,22 @@ var renderCases = []renderCase{
 			e.chunk(id, 0, "Creating a new Next.js app in /home/dev/web.\n\nWould you like to use TypeScript? ")
 			e.clk.advance(31 * time.Second)
 			e.eventually("docs", 1)
+		})
+	}},
+	{"stall, error: the kernel shows it waiting for input", func(t *testing.T) *coordinator.Notification {
+		patient := func(c *coordinator.Config) { c.RunnerDeadline = 24 * time.Hour }
+		return last(t, patient, coordinator.StartRequest{Title: "npm init", TTY: true}, func(e *env, id string) {
+			e.chunk(id, 0, "This utility will walk you through creating a package.json file.\r\n\r\npackage name: \x1b[2m(web)\x1b[22m ")
+			now := e.clk.Now()
+			e.event(&proto.Event{V: proto.Version, Kind: proto.EventActivity, JobID: id, Runner: "r1", Time: now, Seq: 1, InputSince: &now})
+			e.clk.advance(10 * time.Second)
+			e.eventually("docs", 1)
+		})
+	}},
+	{"port, success", func(t *testing.T) *coordinator.Notification {
+		return last(t, nil, coordinator.StartRequest{Title: "npm run dev"}, func(e *env, id string) {
+			e.event(&proto.Event{V: proto.Version, Kind: proto.EventActivity, JobID: id, Runner: "r1", Time: e.clk.Now(), Seq: 1,
+				Ports: []proto.Port{{Address: "127.0.0.1", Port: 5173}}})
 		})
 	}},
 	{"monitor, success", func(t *testing.T) *coordinator.Notification {

@@ -74,6 +74,7 @@ type note struct {
 	detail  string
 	summary string
 	event   string
+	advice  string // a stall's own advice ("": stallAdvice)
 }
 
 // watch follows one job's output: it matches notify_on_output's pattern over the stream,
@@ -108,6 +109,8 @@ type watch struct {
 	monLines     []string
 	monStopped   bool // the monitor went over its rate: it is being stopped, and that was its last word
 	monKillAsked bool
+	// tty: the lines are a terminal's, matched and quoted without escape sequences.
+	tty bool
 
 	notes []note
 }
@@ -117,7 +120,7 @@ func newWatch(j *Job, cfg *Config) *watch {
 	if j.Notify == nil && !j.Monitor {
 		return nil
 	}
-	w := &watch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow}
+	w := &watch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow, tty: j.TTY}
 	if j.Notify != nil {
 		// The pattern was checked at the start; a stored one that no longer compiles watches nothing.
 		// Multiline, as the seed compiles it: ^ and $ match at line boundaries.
@@ -200,6 +203,11 @@ func (w *watch) scan(s int, p []byte, final bool, now time.Time) {
 		n = len(w.held[s])
 	}
 	ready := w.held[s][:n]
+	if w.tty {
+		// A terminal's output is matched as its text: a pattern does not see colours or cursor moves
+		// (the held rest starts on a line, where escape sequences seldom straddle).
+		ready = StripANSI(ready)
+	}
 	for len(ready) > 0 && !w.limited && !w.monStopped {
 		k := min(len(ready), matchChunk)
 		for k < len(ready) && !utf8.RuneStart(ready[k]) {
@@ -258,6 +266,9 @@ func (w *watch) tick(now time.Time) {
 
 // line takes one of a monitor's lines.
 func (w *watch) line(line string, now time.Time) {
+	if w.tty {
+		line = strings.TrimRight(string(StripANSI([]byte(line))), "\r")
+	}
 	if w.monStopped {
 		return // the stop notice was the monitor's last word
 	}

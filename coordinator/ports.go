@@ -25,6 +25,9 @@ type JobFilter struct {
 	Session string
 	Status  Status
 	Limit   int
+
+	// SessionPrefix, when set, selects the jobs whose session starts with it (a scoped token's).
+	SessionPrefix string
 }
 
 // OutputStore keeps each job's output in its terminal file (<data>/terminals/<id>.txt): a header

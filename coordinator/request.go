@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -43,6 +44,9 @@ type StartRequest struct {
 	LingerCgroup bool
 	// Stdin gives the job an input pipe, written with Input; else it reads /dev/null.
 	Stdin bool
+	// TTY runs the job on a pseudo-terminal of TTYSize (nil: 24×80); Input types on it.
+	TTY     bool
+	TTYSize *TTYSize
 	// Shell is "sh", "bash" or "" for the runner's default (bash where installed).
 	Shell      string
 	Pool       string
@@ -72,6 +76,8 @@ func (r *StartRequest) validateSource() error {
 		return Errorf(EINVALID, "source: a readonly job has no network; a WebSocket source cannot be readonly.")
 	case r.Stdin:
 		return Errorf(EINVALID, "stdin: a WebSocket source takes no input.")
+	case r.TTY:
+		return Errorf(EINVALID, "tty: a WebSocket source has no terminal.")
 	}
 	if err := r.Source.Validate(); err != nil {
 		return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
@@ -97,6 +103,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	if strings.IndexByte(r.Command, 0) >= 0 {
 		return Errorf(EINVALID, "command must not contain a NUL byte.")
 	}
+	if !utf8.ValidString(r.Command) {
+		return Errorf(EINVALID, "command is not valid UTF-8.")
+	}
 	if r.Cwd == "" {
 		return Errorf(EINVALID, "cwd is required: give the absolute directory the command runs in.")
 	}
@@ -111,6 +120,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	}
 	if len(r.Title) > proto.MaxTitleBytes {
 		return Errorf(EINVALID, "title is %d bytes; the limit is %d.", len(r.Title), proto.MaxTitleBytes)
+	}
+	if strings.IndexByte(r.Title, 0) >= 0 || !utf8.ValidString(r.Title) {
+		return Errorf(EINVALID, "title must be valid UTF-8 without a NUL byte.")
 	}
 	if r.Title == "" {
 		r.Title = DefaultTitle(r.Command)
@@ -136,8 +148,8 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	if r.Session == "" {
 		r.Session = "default"
 	}
-	if !proto.ValidToken(r.Session) {
-		return Errorf(EINVALID, "session %q must be 1-64 characters of letters, digits, '_' and '-'.", r.Session)
+	if err := validSession(r.Session); err != nil {
+		return err
 	}
 	if err := r.Limits.Validate(); err != nil {
 		return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
@@ -165,6 +177,14 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	}
 	if _, err := ParseFormat("notification_format", string(r.NotificationFormat)); err != nil {
 		return err
+	}
+	if r.TTYSize != nil {
+		if !r.TTY {
+			return Errorf(EINVALID, "tty_size applies only to a job with tty: true.")
+		}
+		if err := r.TTYSize.Validate("tty_size"); err != nil {
+			return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
+		}
 	}
 	if r.Persistent && !r.Monitor {
 		return Errorf(EINVALID, "persistent applies only to a monitor: set monitor as well.")

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sbx-dev/sbx/proto"
@@ -32,6 +33,9 @@ type Config struct {
 	NotifyInterval time.Duration
 	// StallAfter is how long output must stay unchanged before a prompt-like last line notifies (30 s).
 	StallAfter time.Duration
+	// InputStallAfter is how long a job's processes must all wait for input, as its runner sees them
+	// in /proc, before the job's stall is notified whatever its last line (10 s).
+	InputStallAfter time.Duration
 	// MinDebounce is the shortest notify_on_output debounce accepted (5 s); tests lower it.
 	MinDebounce time.Duration
 	// MonitorMaxLines lines per MonitorWindow are the most a monitor may print; more stops it
@@ -40,6 +44,15 @@ type Config struct {
 	MonitorWindow   time.Duration
 	// MonitorTimeout is a monitor's timeout unless it is persistent or sets its own (30 min).
 	MonitorTimeout time.Duration
+	// OutputBudget bounds the output stored for all jobs together, the ended ones kept and the
+	// running ones (DefaultOutputBudget): at it, new jobs are refused (EOUTPUTBUDGET) and a running
+	// job that writes more is stopped, ending with reason output_limit. It should exceed RetainBytes,
+	// which retention brings the ended jobs' output back under.
+	OutputBudget int64
+	// MinFreeBytes is the free space the data disk keeps (DefaultMinFreeBytes): below it new jobs
+	// are refused (EDISKLOW). Negative: not checked.
+	MinFreeBytes int64
+
 	// RetainAge is how long an ended job (its record and output) and a notification are kept (7 days);
 	// RetainBytes bounds the output of the ended jobs kept (10 GiB): past it the oldest go first.
 	// RetentionInterval is how often they are applied (1 min).
@@ -72,6 +85,9 @@ func (c *Config) setDefaults() {
 	if c.StallAfter == 0 {
 		c.StallAfter = 30 * time.Second
 	}
+	if c.InputStallAfter == 0 {
+		c.InputStallAfter = 10 * time.Second
+	}
 	if c.MinDebounce == 0 {
 		c.MinDebounce = DefaultDebounce
 	}
@@ -92,6 +108,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetentionInterval == 0 {
 		c.RetentionInterval = time.Minute
+	}
+	if c.OutputBudget == 0 {
+		c.OutputBudget = DefaultOutputBudget
+	}
+	if c.MinFreeBytes == 0 {
+		c.MinFreeBytes = DefaultMinFreeBytes
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -118,8 +140,10 @@ type Service struct {
 	// notesChanged is closed and replaced whenever a notification is stored.
 	notesChanged chan struct{}
 	stats        Stats
-	// outputTotal is the output of the ended jobs in the store, for RetainBytes.
+	// outputTotal is the output of the ended jobs in the store, for RetainBytes; liveOutput that of
+	// the jobs not ended. Together they are held to OutputBudget.
 	outputTotal int64
+	liveOutput  int64
 
 	// strays are the kill requests sent to runners in the background (stopStrayLocked); Run waits for them.
 	strays sync.WaitGroup
@@ -128,6 +152,12 @@ type Service struct {
 	// linkUp is since when the coordinator's own link has been up without a break (checkLink);
 	// zero while it is down or not yet checked.
 	linkUp time.Time
+
+	// scans are the waits' output scanners by job and pattern (scan.go); scannedBytes counts the
+	// output they read, for Stats.
+	scanMu       sync.Mutex
+	scans        map[scanKey]*scanner
+	scannedBytes atomic.Int64
 }
 
 // liveJob is the in-memory state of a job that has not ended.
@@ -160,6 +190,15 @@ type liveJob struct {
 	lastGrowth    time.Time
 	stallChecked  bool
 	stallNotified bool
+	// budgetCut: the job was stopped because the output of all jobs reached OutputBudget; it ends
+	// with reason output_limit.
+	budgetCut bool
+	// inputSince is when the job's processes began to wait for input, by this coordinator's clock
+	// (zero: they do not), from the runner's activity events, the latest of which is activitySeq;
+	// portsSeen are the ports already notified.
+	inputSince  time.Time
+	activitySeq int64
+	portsSeen   map[string]bool
 }
 
 // span is a byte range [off, end) of a job's output.
@@ -229,6 +268,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
 		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
 		stopping:     map[string]bool{},
+		scans:        map[scanKey]*scanner{},
 		notesChanged: make(chan struct{}),
 		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
@@ -261,8 +301,44 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		// Output matching resumes at the end of what is on disk: what was before was matched in
 		// the earlier life.
 		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newWatch(j, &cfg), lastGrowth: now}
+		s.liveOutput += size
 	}
 	return s, nil
+}
+
+// Disk bounds by default (Config.OutputBudget, Config.MinFreeBytes).
+const (
+	DefaultOutputBudget = 20 << 30
+	DefaultMinFreeBytes = 1 << 30
+)
+
+// freeSpacer is implemented by an OutputStore that can tell the free space of its disk.
+type freeSpacer interface {
+	FreeBytes() (int64, error)
+}
+
+// RoomForJob returns why a new job may not start for lack of disk, or nil: the output stored for
+// all jobs reached OutputBudget, or the data disk has less than MinFreeBytes free. Start checks
+// it; /readyz reports it.
+func (s *Service) RoomForJob() error {
+	s.mu.Lock()
+	used := s.outputTotal + s.liveOutput
+	s.mu.Unlock()
+	if used >= s.cfg.OutputBudget {
+		return Errorf(EOUTPUTBUDGET, "The output stored for all jobs (%d bytes) reached the coordinator's budget of %d bytes (--output-budget): no job starts until running jobs end or retention removes ended ones (--retain-bytes, --retain-age).", used, s.cfg.OutputBudget)
+	}
+	fs, ok := s.out.(freeSpacer)
+	if !ok || s.cfg.MinFreeBytes < 0 {
+		return nil
+	}
+	free, err := fs.FreeBytes()
+	if err != nil {
+		return err
+	}
+	if free < s.cfg.MinFreeBytes {
+		return Errorf(EDISKLOW, "The coordinator's data disk has %d bytes free, less than the %d it keeps (--min-free-disk): no job starts until space is freed.", free, s.cfg.MinFreeBytes)
+	}
+	return nil
 }
 
 // StartResult is the reply to a start.
@@ -283,6 +359,9 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	if err := req.validate(s.cfg.CheckCwd, s.cfg.MinDebounce); err != nil {
 		return nil, err
 	}
+	if err := s.RoomForJob(); err != nil {
+		return nil, err
+	}
 	if req.Readonly {
 		if err := s.readonlyAvailable(req.Pool); err != nil {
 			return nil, err
@@ -292,6 +371,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Source: req.Source, Cwd: req.Cwd,
 		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, LingerCgroup: req.LingerCgroup, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		TTY: req.TTY, TTYSize: req.TTYSize,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
 		NotificationFormat: req.NotificationFormat, ToolCallID: req.ToolCallID, Claim: newClaim(),
 	}
@@ -306,7 +386,8 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
 		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, LingerCgroup: job.LingerCgroup, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
 		Claim:          job.Claim,
-		SeparateStderr: job.Monitor, Source: job.Source,
+		SeparateStderr: job.Monitor && !job.TTY, Source: job.Source, // a terminal has one output
+		TTY: job.TTY, TTYSize: job.TTYSize,
 	}
 
 	s.mu.Lock()
@@ -343,7 +424,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 
 	res := &StartResult{Job: s.snapshot(job.ID, job)}
 	if req.BlockUntil > 0 {
-		w, err := s.wait(ctx, job.ID, l, req.BlockUntil, nil)
+		w, err := s.wait(ctx, job.ID, l, req.BlockUntil, WaitCond{})
 		if err != nil {
 			return nil, err
 		}
@@ -430,6 +511,27 @@ type WaitResult struct {
 	// Matched is the text the pattern matched (at most MaxMatchBytes), at MatchedOffset in the output.
 	Matched       string
 	MatchedOffset int64
+	// Port is the port the wait asked for (WaitCond.Port, AnyPort), once the job listens on it.
+	Port *Port
+}
+
+// WaitCond is what a wait returns on besides the job's end and its timeout.
+type WaitCond struct {
+	// Pattern matches the output so far (a tty job's without escape sequences).
+	Pattern *regexp.Regexp
+	// Port: once the job listens on this TCP port; AnyPort: on any.
+	Port    int
+	AnyPort bool
+}
+
+// port returns the port of j that c waits for.
+func (c WaitCond) port(j *Job) (Port, bool) {
+	for _, p := range j.Ports {
+		if c.AnyPort || c.Port != 0 && p.Port == c.Port {
+			return p, true
+		}
+	}
+	return Port{}, false
 }
 
 // Wait returns when the job ends, when pattern (if any) matches its output so far, or after timeout.
@@ -437,6 +539,14 @@ type WaitResult struct {
 //
 // A timeout above MaxWaitTimeout is clamped to it, as the agent tools do.
 func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pattern *regexp.Regexp) (*WaitResult, error) {
+	return s.WaitFor(ctx, id, timeout, WaitCond{Pattern: pattern})
+}
+
+// WaitFor is Wait that also returns when the job listens on a port (cond.Port, cond.AnyPort).
+func (s *Service) WaitFor(ctx context.Context, id string, timeout time.Duration, cond WaitCond) (*WaitResult, error) {
+	if cond.Port < 0 || cond.Port > 65535 {
+		return nil, Errorf(EINVALID, "port must be between 1 and 65535, or any.")
+	}
 	if timeout < 0 {
 		return nil, Errorf(EINVALID, "timeout_ms must not be negative.")
 	}
@@ -447,34 +557,37 @@ func (s *Service) Wait(ctx context.Context, id string, timeout time.Duration, pa
 		l.observers++
 	}
 	s.mu.Unlock()
-	return s.wait(ctx, id, l, timeout, pattern)
+	return s.wait(ctx, id, l, timeout, cond)
 }
 
 // wait is Wait for a caller already counted among l's observers (l nil: the job is not live). It
 // uncounts the caller when it returns.
-func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.Duration, pattern *regexp.Regexp) (res *WaitResult, err error) {
+func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.Duration, cond WaitCond) (res *WaitResult, err error) {
 	if l != nil {
 		defer func() { s.unobserve(l, err == nil && res.Done) }()
 	}
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var scan *scanner
-	if pattern != nil {
-		scan = &scanner{re: pattern}
-	}
 	for {
 		job, size, changed, err := s.watch(ctx, id)
 		if err != nil {
 			return nil, err
 		}
+		if scan == nil && cond.Pattern != nil {
+			scan = s.scanner(id, cond.Pattern, job.TTY)
+		}
 		if scan != nil {
-			m, err := scan.advance(s.out, id, size)
+			m, err := scan.advance(s.out, id, size, func(n int64) { s.scannedBytes.Add(n) })
 			if err != nil {
 				return nil, err
 			}
 			if m != nil {
 				return &WaitResult{Job: job, Done: job.Status.Ended(), PatternMatched: true, Matched: string(m.text), MatchedOffset: m.offset}, nil
 			}
+		}
+		if p, ok := cond.port(job); ok {
+			return &WaitResult{Job: job, Done: job.Status.Ended(), Port: &p}, nil
 		}
 		if changed == nil {
 			return &WaitResult{Job: job, Done: true}, nil
@@ -745,6 +858,8 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 			return err
 		}
 		l.lastGrowth = s.cfg.Now()
+	case proto.EventActivity:
+		return s.activityLocked(ctx, l, e)
 	case proto.EventExited:
 		// Every chunk was stored before the exit event, but one can come back later (a retried
 		// publish, a redelivery): the job ends only once its output is whole, or after
@@ -765,6 +880,10 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 		j.Error = e.Error
 		j.Usage = e.Usage
 		reason := e.Reason
+		if l.budgetCut {
+			reason = proto.ReasonOutputLimit // the runner says killed: the budget is why
+			j.Error = "Stopped: the output of all jobs reached the coordinator's budget (--output-budget)."
+		}
 		if l.sessionEnded {
 			reason = proto.ReasonSessionEnded // the runner says killed: the session is why
 		}
@@ -799,6 +918,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	if j.OutputBytes < l.size {
 		j.OutputBytes = l.size
 	}
+	j.Ports = nil // nothing of the job listens any more
 	if !l.quiet {
 		var notes []note
 		if l.watch != nil {
@@ -828,12 +948,13 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	delete(s.live, j.ID)
 	s.stats.JobsEnded[j.Status]++
 	s.outputTotal += j.OutputBytes
+	s.liveOutput -= l.size
 	l.notify()
 	return nil
 }
 
 // stopStrayLocked asks a runner, in the background, to kill a job the coordinator already considers
-// ended (or a monitor it stopped, or one fenced: fence.go). A job with a request in flight gets no
+// ended (or a monitor it stopped, one fenced: fence.go, one past the output budget). A job with a request in flight gets no
 // second one. Run waits for these requests when it returns. s.mu is held.
 func (s *Service) stopStrayLocked(runner, id string) {
 	if s.stopping[id] {
@@ -904,6 +1025,13 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 		l.errSpans = append(l.errSpans, span{c.Offset, end})
 	}
 	if l.wrote(c.Offset, end) {
+		s.liveOutput += l.size - old
+		if s.outputTotal+s.liveOutput > s.cfg.OutputBudget && !l.budgetCut && l.job.Runner != "" {
+			// The job that writes past the budget is stopped; quiet jobs go on.
+			l.budgetCut = true
+			s.cfg.Logger.Warn("output budget reached: stopping the job writing", "job", l.job.ID, "budget", s.cfg.OutputBudget)
+			s.stopStrayLocked(l.job.Runner, l.job.ID)
+		}
 		l.lastGrowth, l.stallChecked = s.cfg.Now(), false
 		if err := s.watchOutputLocked(ctx, l, old, c); err != nil {
 			return err

@@ -3,8 +3,10 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -56,6 +58,12 @@ func newService(t *testing.T, clk *clock) *coordinator.Service {
 // newServiceWith runs a Service with cfg on a fresh store until the test ends.
 func newServiceWith(t *testing.T, cfg coordinator.Config) *coordinator.Service {
 	t.Helper()
+	return newServiceDisp(t, cfg, &dispatcher{})
+}
+
+// newServiceDisp is newServiceWith with the dispatcher d.
+func newServiceDisp(t *testing.T, cfg coordinator.Config, d *dispatcher) *coordinator.Service {
+	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(filepath.Join(dir, "sbx.db"))
 	if err != nil {
@@ -67,7 +75,7 @@ func newServiceWith(t *testing.T, cfg coordinator.Config) *coordinator.Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { terms.Close() })
-	svc, err := coordinator.New(t.Context(), cfg, db, terms, &dispatcher{})
+	svc, err := coordinator.New(t.Context(), cfg, db, terms, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,4 +237,195 @@ func TestQueuedReason(t *testing.T) {
 	if r := reason(); r != "" {
 		t.Errorf("taken: %q, want none", r)
 	}
+}
+
+// TestWaitScansIncrementally: waits for a pattern read each byte of output about once, however many
+// calls there are: a later wait carries on where the previous one stopped, with a bounded
+// carry-over. Each call once read the whole output again (5.8 s of CPU on 300 MB).
+func TestWaitScansIncrementally(t *testing.T) {
+	clk := &clock{now: time.Now()}
+	svc := newService(t, clk)
+	ctx := t.Context()
+	res, _ := svc.Start(ctx, coordinator.StartRequest{Command: "seq", Cwd: "/"})
+	id := res.Job.ID
+	svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
+	var out []byte
+	for i := range 120_000 {
+		out = fmt.Appendf(out, "line %07d\n", i)
+	}
+	size := int64(0)
+	write := func(data []byte) {
+		t.Helper()
+		for len(data) > 0 {
+			n := min(len(data), 64<<10)
+			if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: size, Data: data[:n]})); err != nil {
+				t.Fatal(err)
+			}
+			data, size = data[n:], size+int64(n)
+		}
+	}
+	write(out)
+	scanned := func() int64 { return svc.Stats().ScannedBytes }
+	wait := func(pattern string) *coordinator.WaitResult {
+		t.Helper()
+		w, err := svc.Wait(ctx, id, 0, regexp.MustCompile("(?m)"+pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+
+	// The first wait reads everything once, window by window, each overlapping the previous one.
+	if w := wait(`^ready$`); w.PatternMatched {
+		t.Fatalf("matched %q", w.Matched)
+	}
+	first := scanned()
+	if first < size || first > size+size/4 {
+		t.Fatalf("the first wait read %d bytes of %d", first, size)
+	}
+	// Eight more waits for the same pattern read nothing: nothing is new.
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { wait(`^ready$`) })
+	}
+	wg.Wait()
+	if n := scanned() - first; n != 0 {
+		t.Fatalf("8 waits over unchanged output read %d bytes, want 0", n)
+	}
+	// New output is read with at most the carry-over before it, and a line split between two
+	// waits still matches.
+	write([]byte("rea"))
+	if w := wait(`^ready$`); w.PatternMatched {
+		t.Fatalf("matched %q before the line was whole", w.Matched)
+	}
+	before := scanned()
+	write([]byte("dy\n"))
+	w := wait(`^ready$`)
+	if !w.PatternMatched || w.Matched != "ready" || w.MatchedOffset != size-6 {
+		t.Fatalf("wait: %+v", w)
+	}
+	if n := scanned() - before; n > 64<<10+3 {
+		t.Fatalf("a wait after 3 new bytes read %d bytes, more than the 64 KiB carry-over", n)
+	}
+	// The match is kept: asking again reads nothing.
+	before = scanned()
+	if w := wait(`^ready$`); !w.PatternMatched || w.MatchedOffset != size-6 {
+		t.Fatalf("second wait: %+v", w)
+	}
+	if n := scanned() - before; n != 0 {
+		t.Fatalf("a wait whose pattern had matched read %d bytes", n)
+	}
+	// A pattern matched deep in the output, past the first window, is found at its offset.
+	if w := wait(`^line 0100000$`); !w.PatternMatched || w.MatchedOffset != 100_000*13 {
+		t.Fatalf("wait for a line past the first window: %+v", w)
+	}
+}
+
+// TestOutputBudget: the output of all jobs together is bounded. The job that writes past the budget
+// is stopped (reason output_limit) while the others go on, new jobs are refused with
+// output_budget_exhausted until retention frees room, and a data disk short of free space refuses
+// them with disk_low. Only per-job caps existed: 256 slots of 1 GiB each.
+func TestOutputBudget(t *testing.T) {
+	// open runs a service with the budget and returns its start and write helpers and its dispatcher.
+	open := func(t *testing.T, cfg coordinator.Config) (*coordinator.Service, func() (string, error), func(string, int, int), *dispatcher) {
+		d := &dispatcher{}
+		svc := newServiceDisp(t, cfg, d)
+		ctx := t.Context()
+		start := func() (string, error) {
+			res, err := svc.Start(ctx, coordinator.StartRequest{Command: "yes", Cwd: "/"})
+			if err != nil {
+				return "", err
+			}
+			svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, res.Job.ID, time.Now())))
+			return res.Job.ID, nil
+		}
+		write := func(id string, off int, n int) {
+			t.Helper()
+			if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: int64(off), Data: make([]byte, n)})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return svc, start, write, d
+	}
+	killed := func(d *dispatcher, id string) bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for _, c := range d.controls {
+			if c.JobID == id && c.Op == proto.OpKill {
+				return true
+			}
+		}
+		return false
+	}
+	exit := func(t *testing.T, svc *coordinator.Service, id string, size int64) {
+		t.Helper()
+		e := event(proto.EventExited, id, time.Now())
+		e.Reason, e.OutputBytes = proto.ReasonKilled, size
+		if err := svc.HandleEvent(t.Context(), coordinatortest.Claimed(svc, e)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("cut and refused", func(t *testing.T) {
+		svc, start, write, d := open(t, coordinator.Config{OutputBudget: 1000})
+		a, err := start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(a, 0, 600)
+		write(b, 0, 300)
+		write(b, 300, 200) // 1100 bytes in all: b wrote past the budget
+		deadline := time.Now().Add(10 * time.Second)
+		for !killed(d, b) {
+			if time.Now().After(deadline) {
+				t.Fatal("the job that wrote past the budget was not stopped")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if killed(d, a) {
+			t.Error("a job that wrote within the budget was stopped")
+		}
+		if _, err := start(); coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET {
+			t.Fatalf("a start past the budget: %v, want %s", err, coordinator.EOUTPUTBUDGET)
+		}
+		exit(t, svc, b, 500)
+		if j, _ := svc.Job(t.Context(), b); j.Reason != proto.ReasonOutputLimit || !strings.Contains(j.Error, "--output-budget") {
+			t.Errorf("the stopped job ended with reason %q, error %q; want output_limit naming the budget", j.Reason, j.Error)
+		}
+		// Ended jobs' output counts too, until retention removes it.
+		if _, err := start(); coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET {
+			t.Fatalf("a start past the budget, the writer ended: %v, want %s", err, coordinator.EOUTPUTBUDGET)
+		}
+	})
+
+	t.Run("retention frees room", func(t *testing.T) {
+		svc, start, write, _ := open(t, coordinator.Config{OutputBudget: 1000, RetainBytes: 100, RetentionInterval: 10 * time.Millisecond})
+		a, err := start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(a, 0, 1100)
+		exit(t, svc, a, 1100)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, err := start(); err == nil {
+				break
+			} else if coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET || time.Now().After(deadline) {
+				t.Fatalf("start after retention freed room: %v", err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+
+	t.Run("disk low", func(t *testing.T) {
+		svc := newServiceWith(t, coordinator.Config{MinFreeBytes: 1 << 62})
+		_, err := svc.Start(t.Context(), coordinator.StartRequest{Command: "true", Cwd: "/"})
+		if coordinator.ErrorCode(err) != coordinator.EDISKLOW || !strings.Contains(err.Error(), "--min-free-disk") {
+			t.Fatalf("start on a disk short of free space: %v, want %s", err, coordinator.EDISKLOW)
+		}
+	})
 }

@@ -43,12 +43,17 @@ func (s *Session) copy() *Session {
 	return &c
 }
 
-func validSession(id string) error {
+// CheckSession checks a session's id wherever one is taken — a body's or query's field, the
+// Sbx-Session header, a path — so that every way in refuses the same ids with the same message;
+// what names where it came from ("session", "Sbx-Session header", "session id").
+func CheckSession(what, id string) error {
 	if !proto.ValidToken(id) {
-		return Errorf(EINVALID, "session %q must be 1-64 characters of letters, digits, '_' and '-'.", id)
+		return Errorf(EINVALID, "%s %q must be 1-64 characters of letters, digits, '_' and '-'.", what, id)
 	}
 	return nil
 }
+
+func validSession(id string) error { return CheckSession("session", id) }
 
 // sessionLocked returns the session id, creating (and storing) it when new and reopening it when it
 // had ended. s.mu is held.

@@ -15,6 +15,10 @@ type Stats struct {
 	Runners              int
 	// Forged counts the runner messages dropped as forged, by kind (ForgedKinds).
 	Forged map[string]int64
+	// ScannedBytes counts the output read to match waits' patterns.
+	ScannedBytes int64
+	// OutputLive is the output of the jobs not ended; with OutputStored, held to the output budget.
+	OutputLive int64
 }
 
 // Kinds of forged messages, for Stats.Forged.
@@ -43,5 +47,7 @@ func (s *Service) Stats() Stats {
 	st.JobsLive = len(s.live)
 	st.OutputStored = s.outputTotal
 	st.Runners = len(s.runners)
+	st.ScannedBytes = s.scannedBytes.Load()
+	st.OutputLive = s.liveOutput
 	return st
 }

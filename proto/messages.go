@@ -120,6 +120,10 @@ type Work struct {
 	// ConfirmSubject, so that work stored by a publish the coordinator gave up on never runs. 0: no
 	// bound.
 	NotAfter int64 `json:"not_after,omitempty"`
+	// TTY runs the command on a pseudo-terminal of TTYSize (nil: DefaultTTYRows×DefaultTTYCols): its
+	// output is what the terminal shows, and OpStdin writes what is typed on it.
+	TTY     bool     `json:"tty,omitempty"`
+	TTYSize *TTYSize `json:"tty_size,omitempty"`
 }
 
 // Expired reports whether the work was taken after its NotAfter, by the clock of the runner.
@@ -193,6 +197,17 @@ func (w *Work) Validate() error {
 	}
 	if w.NotAfter < 0 {
 		return invalid("not_after %d is negative", w.NotAfter)
+	}
+	if w.TTYSize != nil {
+		if !w.TTY {
+			return invalid("tty_size without tty")
+		}
+		if err := w.TTYSize.Validate("tty_size"); err != nil {
+			return err
+		}
+	}
+	if w.TTY && (w.Source != nil || w.SeparateStderr) {
+		return invalid("a terminal has one output: tty excludes a source and separate_stderr")
 	}
 	return w.Limits.Validate()
 }
@@ -303,6 +318,11 @@ type Event struct {
 	Error       string `json:"error,omitempty"`
 	OutputBytes int64  `json:"output_bytes,omitempty"`
 	Usage       *Usage `json:"usage,omitempty"`
+	// Activity (EventActivity): Seq orders a job's activity events; InputSince is when its
+	// processes began to wait for input (nil: they do not); Ports are where they listen.
+	Seq        int64      `json:"seq,omitempty"`
+	InputSince *time.Time `json:"input_since,omitempty"`
+	Ports      []Port     `json:"ports,omitempty"`
 }
 
 var reasons = map[string]bool{
@@ -336,6 +356,8 @@ func (e *Event) Validate() error {
 		if e.Pid < 0 {
 			return invalid("started event has pid %d", e.Pid)
 		}
+	case EventActivity:
+		return e.validateActivity()
 	case EventExited:
 		if !reasons[e.Reason] {
 			return invalid("reason %q is not one a runner reports", e.Reason)
@@ -364,7 +386,13 @@ func (e *Event) Validate() error {
 // MsgID is the JetStream de-duplication id of the event: one per job and kind. It holds the claim,
 // which a forger does not know, so that a forged message cannot take the id of a real one first and
 // have the real one dropped as a duplicate.
-func (e *Event) MsgID() string { return e.JobID + ":" + e.Claim + ":" + e.Kind }
+// An activity event is one of many of its job: its seq is in its id.
+func (e *Event) MsgID() string {
+	if e.Kind == EventActivity {
+		return e.JobID + ":" + e.Claim + ":" + e.Kind + ":" + strconv.FormatInt(e.Seq, 10)
+	}
+	return e.JobID + ":" + e.Claim + ":" + e.Kind
+}
 
 // DecodeEvent decodes and validates an Event.
 func DecodeEvent(data []byte) (*Event, error) {
@@ -468,6 +496,8 @@ type Control struct {
 	// Data and Close are OpStdin's: bytes for the job's input, and whether to close it after them.
 	Data  []byte `json:"data,omitempty"`
 	Close bool   `json:"close,omitempty"`
+	// Size is OpResize's: the terminal's new size.
+	Size *TTYSize `json:"size,omitempty"`
 }
 
 // Signals a control request may name.
@@ -485,6 +515,13 @@ func (c *Control) Validate() error {
 	case OpStdin:
 		if len(c.Data) > MaxStdinBytes {
 			return invalid("stdin data of %d bytes, at most %d", len(c.Data), MaxStdinBytes)
+		}
+	case OpResize:
+		if c.Size == nil {
+			return invalid("resize without size")
+		}
+		if err := c.Size.Validate("size"); err != nil {
+			return err
 		}
 	case OpSignal:
 		if _, ok := Signals[c.Signal]; !ok {

@@ -199,11 +199,37 @@ func TestParseEventSubject(t *testing.T) {
 			t.Errorf("%q accepted", s)
 		}
 	}
-	if id, ok := RunnerFromHeartbeat(HeartbeatSubject("r-1")); !ok || id != "r-1" {
-		t.Errorf("heartbeat subject: %q %v", id, ok)
+	if id, pool, ok := ParseHeartbeatSubject(HeartbeatSubject("r-1", "p_1")); !ok || id != "r-1" || pool != "p_1" {
+		t.Errorf("heartbeat subject: %q %q %v", id, pool, ok)
 	}
-	if _, ok := RunnerFromHeartbeat("sbx.v1.heartbeat.a.b"); ok {
-		t.Error("a heartbeat subject of two tokens accepted")
+	for _, s := range []string{"sbx.v1.heartbeat.a", "sbx.v1.heartbeat.a.b.c", "sbx.v1.heartbeat..b"} {
+		if _, _, ok := ParseHeartbeatSubject(s); ok {
+			t.Errorf("heartbeat subject %q accepted", s)
+		}
+	}
+	if id, ok := RunnerFromConfirm(ConfirmSubject("r-1")); !ok || id != "r-1" {
+		t.Errorf("confirm subject: %q %v", id, ok)
+	}
+	if _, ok := RunnerFromConfirm("sbx.v1.confirm.a.b"); ok {
+		t.Error("a confirm subject of two tokens accepted")
+	}
+	for _, tc := range []struct{ pool, capability string }{{"default", CapPlain}, {"a_readonly", CapReadonly}, {"x_plain", CapPlain}} {
+		if pool, c, ok := ParseWorkConsumer(WorkConsumer(tc.pool, tc.capability)); !ok || pool != tc.pool || c != tc.capability {
+			t.Errorf("work consumer of %v: %q %q %v", tc, pool, c, ok)
+		}
+	}
+	if key, ok := WorkKeyOf(WorkIngestSubjects("k3y")); !ok || key != "k3y" {
+		t.Errorf("work ingest subjects: %q %v", key, ok)
+	}
+	for _, s := range []string{"sbx.v1.queue.>", "sbx.v1.queue.a.b.>", "sbx.v1.work.>", "sbx.v1.queue.k"} {
+		if _, ok := WorkKeyOf(s); ok {
+			t.Errorf("work ingest subjects %q accepted", s)
+		}
+	}
+	for _, s := range []string{"work_a", "work__plain", "work_a_other", "coordinator", "work_a.b_plain"} {
+		if _, _, ok := ParseWorkConsumer(s); ok {
+			t.Errorf("work consumer %q accepted", s)
+		}
 	}
 }
 
@@ -211,6 +237,8 @@ func FuzzDecodeWork(f *testing.F) {
 	w := validWork()
 	f.Add(Encode(&w))
 	f.Add([]byte(`{"v":1,"job_id":"x","command":"a","cwd":"/","pool":"p","limits":{"pids":-1}}`))
+	w.TTY, w.TTYSize = true, &TTYSize{Rows: 24, Cols: 80}
+	f.Add(Encode(&w))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, err := DecodeWork(data)
 		if err != nil {
@@ -226,6 +254,8 @@ func FuzzDecodeWork(f *testing.F) {
 func FuzzDecodeEvent(f *testing.F) {
 	code := 1
 	f.Add(Encode(&Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: time.Now(), ExitCode: &code, Reason: ReasonExit}))
+	since := time.Now()
+	f.Add(Encode(&Event{V: 1, Kind: EventActivity, JobID: "j", Runner: "r", Claim: testClaim, Time: time.Now(), Seq: 1, InputSince: &since, Ports: []Port{{"::1", 80}}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, err := DecodeEvent(data)
 		if err != nil {
@@ -252,6 +282,7 @@ func FuzzDecodeChunk(f *testing.F) {
 
 func FuzzDecodeControl(f *testing.F) {
 	f.Add(Encode(&Control{V: 1, Op: OpKill, JobID: "j"}))
+	f.Add(Encode(&Control{V: 1, Op: OpResize, JobID: "j", Size: &TTYSize{Rows: 24, Cols: 80}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if c, err := DecodeControl(data); err == nil {
 			if err := c.Validate(); err != nil {

@@ -23,16 +23,42 @@ const (
 	CapReadonly = "readonly"
 )
 
-// WorkSubjects is the subject filter of WorkStream: sbx.v1.work.>
+// WorkSubjects matches every subject WorkStream stores work under: sbx.v1.work.>
 const WorkSubjects = "sbx.v1.work.>"
+
+// WorkIngest is where the coordinator queues work for a pool and capability:
+// sbx.v1.queue.<key>.<pool>.<capability>. WorkStream takes in WorkIngestSubjects(key) only and
+// stores each message under WorkSubject (a subject transform), which its consumers filter on. The
+// key is random and kept in the stream's configuration, which only the coordinator may read: a
+// runner cannot aim anything at the stream, not even JetStream's answers to its own requests, whose
+// reply subject it chooses (a stream stores whatever reaches its subjects, from whomever).
+func WorkIngest(key, pool, capability string) string {
+	return "sbx.v1.queue." + key + "." + pool + "." + capability
+}
+
+// WorkIngestSubjects is WorkStream's subjects for a key: sbx.v1.queue.<key>.>
+func WorkIngestSubjects(key string) string {
+	return "sbx.v1.queue." + key + ".>"
+}
+
+// WorkKeyOf returns the key of WorkIngestSubjects(key).
+func WorkKeyOf(subjects string) (string, bool) {
+	rest, found := strings.CutPrefix(subjects, "sbx.v1.queue.")
+	key, found2 := strings.CutSuffix(rest, ".>")
+	if !found || !found2 || !ValidToken(key) {
+		return "", false
+	}
+	return key, true
+}
 
 // EventSubjects is the subject filter of EventStream: sbx.v1.events.>
 const EventSubjects = "sbx.v1.events.>"
 
-// HeartbeatSubjects matches every runner's heartbeat: sbx.v1.heartbeat.*
-const HeartbeatSubjects = "sbx.v1.heartbeat.*"
+// HeartbeatSubjects matches every runner's heartbeat: sbx.v1.heartbeat.*.*
+const HeartbeatSubjects = "sbx.v1.heartbeat.*.*"
 
-// WorkSubject is where work for a pool and capability is queued: sbx.v1.work.<pool>.<capability>
+// WorkSubject is the subject work for a pool and capability is stored under, and its consumer's
+// filter: sbx.v1.work.<pool>.<capability> (it is queued on WorkIngest).
 func WorkSubject(pool, capability string) string {
 	return "sbx.v1.work." + pool + "." + capability
 }
@@ -53,9 +79,11 @@ func RunnerEventSubjects(runnerID string) string {
 	return "sbx.v1.events." + runnerID + ".>"
 }
 
-// HeartbeatSubject is where a runner announces itself: sbx.v1.heartbeat.<runner>
-func HeartbeatSubject(runnerID string) string {
-	return "sbx.v1.heartbeat." + runnerID
+// HeartbeatSubject is where a runner of a pool announces itself: sbx.v1.heartbeat.<runner>.<pool>.
+// The pool is in the subject so that NATS permissions can hold a runner to the pools of its creds:
+// the coordinator creates work consumers for the pools heartbeats name.
+func HeartbeatSubject(runnerID, pool string) string {
+	return "sbx.v1.heartbeat." + runnerID + "." + pool
 }
 
 // ControlSubject is the request/reply subject of one runner: sbx.v1.control.<runner>
@@ -64,8 +92,34 @@ func ControlSubject(runnerID string) string {
 }
 
 // ConfirmSubject is where a runner asks the coordinator whether to start an expired Work message
-// (Control with OpConfirm): sbx.v1.confirm
-const ConfirmSubject = "sbx.v1.confirm"
+// (Control with OpConfirm): sbx.v1.confirm.<runner>. The runner is in the subject so that the
+// coordinator answers only into that runner's inbox (RunnerInbox): NATS permissions bound a
+// publish's subject, never its reply, and the coordinator may publish where runners may not.
+func ConfirmSubject(runnerID string) string {
+	return "sbx.v1.confirm." + runnerID
+}
+
+// ConfirmSubjects matches every runner's confirmation requests: sbx.v1.confirm.*
+const ConfirmSubjects = "sbx.v1.confirm.*"
+
+// RunnerInbox is the inbox prefix of a runner's connection (nats.CustomInboxPrefix): _INBOX_<runner>.
+// Only that runner may subscribe under it, and the coordinator sends a runner's replies and work
+// nowhere else.
+func RunnerInbox(runnerID string) string {
+	return "_INBOX_" + runnerID
+}
+
+// PullPrefix is the JetStream API prefix through which a runner binds to and pulls from the work
+// consumers: sbx.v1.pull.<runner>. The coordinator forwards sbx.v1.pull.<runner>.CONSUMER.INFO.<stream>.<consumer>
+// and sbx.v1.pull.<runner>.CONSUMER.MSG.NEXT.<stream>.<consumer> of WorkStream to $JS.API when the
+// request's reply is in the runner's inbox: so JetStream delivers work to that runner only, and a
+// runner cannot point a delivery at a stream's subjects.
+func PullPrefix(runnerID string) string {
+	return "sbx.v1.pull." + runnerID
+}
+
+// PullSubjects matches every runner's forwarded JetStream requests: sbx.v1.pull.>
+const PullSubjects = "sbx.v1.pull.>"
 
 // WorkConsumer is the durable pull consumer shared by every runner of a pool for one capability:
 // work_<pool>_<capability>. A work-queue stream refuses overlapping consumers, so runners share it.
@@ -131,11 +185,42 @@ func ParseEventSubject(subject string) (runnerID, jobID, kind string, ok bool) {
 	return parts[0], parts[1], parts[2], true
 }
 
-// RunnerFromHeartbeat returns the runner of a heartbeat subject (sbx.v1.heartbeat.<runner>).
-func RunnerFromHeartbeat(subject string) (string, bool) {
-	id, found := strings.CutPrefix(subject, "sbx.v1.heartbeat.")
+// ParseHeartbeatSubject returns the runner and pool of a heartbeat subject
+// (sbx.v1.heartbeat.<runner>.<pool>).
+func ParseHeartbeatSubject(subject string) (runnerID, pool string, ok bool) {
+	rest, found := strings.CutPrefix(subject, "sbx.v1.heartbeat.")
+	if !found {
+		return "", "", false
+	}
+	runnerID, pool, found = strings.Cut(rest, ".")
+	if !found || !ValidToken(runnerID) || !ValidToken(pool) {
+		return "", "", false
+	}
+	return runnerID, pool, true
+}
+
+// RunnerFromConfirm returns the runner of a confirmation subject (sbx.v1.confirm.<runner>).
+func RunnerFromConfirm(subject string) (string, bool) {
+	id, found := strings.CutPrefix(subject, "sbx.v1.confirm.")
 	if !found || !ValidToken(id) {
 		return "", false
 	}
 	return id, true
+}
+
+// ParseWorkConsumer splits a work consumer's name (WorkConsumer) into its pool and capability.
+func ParseWorkConsumer(name string) (pool, capability string, ok bool) {
+	rest, found := strings.CutPrefix(name, "work_")
+	if !found {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '_')
+	if i < 0 {
+		return "", "", false
+	}
+	pool, capability = rest[:i], rest[i+1:]
+	if !ValidToken(pool) || capability != CapPlain && capability != CapReadonly {
+		return "", "", false
+	}
+	return pool, capability, true
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sbx-dev/sbx/proto"
+	"github.com/sbx-dev/sbx/sandbox"
 )
 
 // handleControl answers kill, signal, stdin and ping requests for this runner's jobs. Input is
@@ -29,6 +30,8 @@ func (r *Runner) handleControl(req micro.Request) {
 			reply.Code, reply.Message = proto.ReplyUnknownJob, "no such job on runner "+r.cfg.ID
 		case c.Op == proto.OpKill:
 			j.stop(proto.ReasonKilled, "killed on request")
+		case c.Op == proto.OpResize:
+			reply.Code, reply.Message = j.resize(c.Size)
 		case c.Op == proto.OpStdin:
 			r.wg.Add(1)
 			go func() {
@@ -85,11 +88,48 @@ func (j *job) input(data []byte, closeIt bool) (string, string) {
 			return proto.ReplyRefused, fmt.Sprintf("job %s no longer reads its input (%d of %d bytes written)", j.id, n, len(data))
 		}
 	}
+	if closeIt && j.tty {
+		// Closing a terminal's master would hang it up (SIGHUP); EOF on a terminal is the EOF
+		// character at the start of a line, which the next read returns as 0 bytes. The terminal stays
+		// open for more.
+		_ = in.SetWriteDeadline(time.Now().Add(inputTimeout))
+		if _, err := in.Write([]byte{eofChar}); err != nil {
+			return proto.ReplyRefused, fmt.Sprintf("job %s no longer reads its terminal: %v", j.id, err)
+		}
+		return proto.ReplyOK, ""
+	}
 	if closeIt {
 		j.inClosed = true
 		if err := in.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
 			return proto.ReplyRefused, fmt.Sprintf("close the input of job %s: %v", j.id, err)
 		}
+	}
+	return proto.ReplyOK, ""
+}
+
+// eofChar is ^D, the EOF character of a terminal as the runner leaves it (VEOF).
+const eofChar = 0x04
+
+// resizer is a process whose terminal can be resized (a *sandbox.Process).
+type resizer interface {
+	Resize(sandbox.TTYSize) error
+}
+
+// resize sets the size of the job's terminal. It returns the reply's code and message.
+func (j *job) resize(size *proto.TTYSize) (string, string) {
+	j.mu.Lock()
+	p := j.proc
+	j.mu.Unlock()
+	rp, ok := p.(resizer)
+	if p == nil || !ok || !j.tty {
+		return proto.ReplyRefused, "job " + j.id + " has no terminal (it was not started with tty: true)"
+	}
+	err := rp.Resize(sandbox.TTYSize{Rows: uint16(size.Rows), Cols: uint16(size.Cols)})
+	switch {
+	case errors.Is(err, os.ErrClosed):
+		return proto.ReplyUnknownJob, "job " + j.id + " has ended"
+	case err != nil:
+		return proto.ReplyRefused, err.Error()
 	}
 	return proto.ReplyOK, ""
 }

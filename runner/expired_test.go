@@ -18,7 +18,7 @@ func TestExpiredWorkAsksFirst(t *testing.T) {
 	dir := t.TempDir()
 	confirmed := map[string]bool{"wanted": true}
 	asked := make(chan string, 16)
-	sub, err := h.nc.Subscribe(proto.ConfirmSubject, func(m *nats.Msg) {
+	sub, err := h.nc.Subscribe(proto.ConfirmSubjects, func(m *nats.Msg) {
 		c, err := proto.DecodeControl(m.Data)
 		if err != nil || c.Op != proto.OpConfirm {
 			t.Errorf("confirmation request %+v, %v", c, err)

@@ -37,6 +37,8 @@ type job struct {
 	// inMu serialises writes to the job's input; inClosed is set once it is closed.
 	inMu     sync.Mutex
 	inClosed bool
+	// tty: the job runs on a terminal, whose input is closed by typing ^D rather than by closing it.
+	tty bool
 }
 
 // stop ends the job for a reason; the first reason given is the one reported. It reports whether
@@ -89,7 +91,7 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 			return
 		}
 	}
-	j := &job{id: w.JobID, claim: w.Claim}
+	j := &job{id: w.JobID, claim: w.Claim, tty: w.TTY}
 	r.mu.Lock()
 	r.jobs[j.id] = j
 	r.mu.Unlock()
@@ -144,8 +146,10 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		waited <- res
 	}()
 	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Claim: j.claim, Pid: proc.Pid()})
+	stopWatching := r.watchActivity(ctx, j, w, proc, log)
 	written := r.pump(ctx, j, proc, started, w.Limits.OutputBytes, log)
 	res := <-waited
+	stopWatching()
 
 	j.mu.Lock()
 	reason, why := j.reason, j.why
@@ -175,7 +179,7 @@ const confirmRetry = 2 * time.Second
 func (r *Runner) confirm(ctx context.Context, id string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	m, err := r.nc.RequestWithContext(ctx, proto.ConfirmSubject, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}))
+	m, err := r.nc.RequestWithContext(ctx, proto.ConfirmSubject(r.cfg.ID), proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}))
 	if err != nil {
 		return false, fmt.Errorf("confirm %s: %w", id, err)
 	}
@@ -221,6 +225,9 @@ func (r *Runner) start(w *proto.Work) (process, error) {
 			extra[k] = v
 		}
 	}
+	if w.TTY {
+		extra = withTerm(extra)
+	}
 	env := r.environ(extra)
 	if w.Readonly {
 		env = r.readonlyEnv(extra)
@@ -242,7 +249,35 @@ func (r *Runner) start(w *proto.Work) (process, error) {
 		Env:            env,
 		Resources:      resources(w.Limits),
 		Readonly:       w.Readonly,
+		TTY:            w.TTY,
+		TTYSize:        ttySize(w.TTYSize),
 	})
+}
+
+// ttyTerm is TERM on a job's terminal unless the job sets its own: the escape sequences it allows
+// are stripped again where sbx matches text, and a tool that sees "dumb" leaves out what a
+// terminal is asked for (prompts redrawn, progress bars).
+const ttyTerm = "xterm-256color"
+
+// withTerm is extra with TERM set to ttyTerm, unless it sets TERM itself.
+func withTerm(extra map[string]string) map[string]string {
+	if _, ok := extra["TERM"]; ok {
+		return extra
+	}
+	out := make(map[string]string, len(extra)+1)
+	for k, v := range extra {
+		out[k] = v
+	}
+	out["TERM"] = ttyTerm
+	return out
+}
+
+// ttySize is the terminal size a work message asks for (nil: the default).
+func ttySize(s *proto.TTYSize) sandbox.TTYSize {
+	if s == nil {
+		return sandbox.TTYSize{Rows: proto.DefaultTTYRows, Cols: proto.DefaultTTYCols}
+	}
+	return sandbox.TTYSize{Rows: uint16(s.Rows), Cols: uint16(s.Cols)}
 }
 
 // shell resolves the shell a job asked for: the runner's default, /bin/sh, or bash from PATH.

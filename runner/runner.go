@@ -75,7 +75,10 @@ type Config struct {
 	Coalesce time.Duration
 	// PublishWindow is the number of output chunks in flight before the runner waits for acks (64).
 	PublishWindow int
-	Logger        *slog.Logger
+	// ScanInterval is how often a running job's processes are looked at in /proc, for whether they
+	// wait for input and the ports they listen on (1 s); negative: never.
+	ScanInterval time.Duration
+	Logger       *slog.Logger
 }
 
 // DefaultID is a runner's id when none is given: the host name, with every character that cannot be
@@ -156,6 +159,9 @@ func (c *Config) setDefaults() error {
 	if c.Coalesce == 0 {
 		c.Coalesce = 2 * time.Millisecond
 	}
+	if c.ScanInterval == 0 {
+		c.ScanInterval = time.Second
+	}
 	if c.PublishWindow == 0 {
 		c.PublishWindow = 64
 	}
@@ -170,9 +176,12 @@ const DefaultSlots = 256
 
 // Runner runs jobs from one pool.
 type Runner struct {
-	cfg  Config
-	nc   *nats.Conn
-	js   jetstream.JetStream
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	// work binds to and pulls from the work consumers through the coordinator (proto.PullPrefix),
+	// which delivers only into the runner's inbox.
+	work jetstream.JetStream
 	mgr  *sandbox.Manager
 	boot time.Time
 
@@ -189,7 +198,9 @@ type Runner struct {
 	jobs map[string]*job
 }
 
-// New returns a Runner with its cgroup root created. It takes no work until Run.
+// New returns a Runner with its cgroup root created. It takes no work until Run. nc's inbox prefix
+// must be proto.RunnerInbox of the runner's id (nats.CustomInboxPrefix): the coordinator delivers
+// work and answers confirmations into that inbox only.
 func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -207,8 +218,12 @@ func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	work, err := jetstream.NewWithAPIPrefix(nc, proto.PullPrefix(cfg.ID))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
 	return &Runner{
-		cfg: cfg, nc: nc, js: js, mgr: mgr, boot: time.Now(),
+		cfg: cfg, nc: nc, js: js, work: work, mgr: mgr, boot: time.Now(),
 		slots: make(chan struct{}, cfg.Slots), jobs: map[string]*job{},
 	}, nil
 }
@@ -320,7 +335,7 @@ func (r *Runner) stopAll(reason, why string) {
 func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Consumer, error) {
 	name := proto.WorkConsumer(r.cfg.Pool, capability)
 	for {
-		cons, err := r.js.Consumer(ctx, proto.WorkStream, name)
+		cons, err := r.work.Consumer(ctx, proto.WorkStream, name)
 		if err == nil {
 			return cons, nil
 		}
@@ -436,7 +451,7 @@ func (r *Runner) heartbeat(ctx context.Context) {
 			Cgroup: r.mgr.Describe(), Labels: r.cfg.Labels, Version: r.cfg.Version, Boot: r.boot, Time: time.Now(),
 			Draining: r.draining.Load(), Jobs: ids[:min(len(ids), proto.MaxHeartbeatJobs)],
 		}
-		err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID), proto.Encode(hb))
+		err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID, r.cfg.Pool), proto.Encode(hb))
 		if err == nil {
 			err = r.nc.FlushTimeout(r.cfg.HeartbeatInterval)
 		}

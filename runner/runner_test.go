@@ -85,6 +85,13 @@ func newHarnessWith(t *testing.T, eventBytes int64) *harness {
 	if _, err := js.CreateStream(ctx, events); err != nil {
 		t.Fatal(err)
 	}
+	// The coordinator forwards the runners' pulls to JetStream (natsbus checks the reply too).
+	if _, err := nc.Subscribe(proto.PullSubjects, func(m *nats.Msg) {
+		_, api, _ := strings.Cut(strings.TrimPrefix(m.Subject, proto.PullPrefix("")), ".")
+		_ = nc.PublishMsg(&nats.Msg{Subject: "$JS.API." + api, Reply: m.Reply, Data: m.Data})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// The coordinator creates the work consumers; runners only bind to them.
 	for _, c := range []string{proto.CapPlain, proto.CapReadonly} {
 		if _, err := js.CreateConsumer(ctx, proto.WorkStream, jetstream.ConsumerConfig{
@@ -436,7 +443,7 @@ func (h *harness) submitWork(subject string, w *proto.Work) string {
 func (h *harness) heartbeats(runnerID string) <-chan *proto.Heartbeat {
 	h.t.Helper()
 	ch := make(chan *proto.Heartbeat, 64)
-	sub, err := h.nc.Subscribe(proto.HeartbeatSubject(runnerID), func(m *nats.Msg) {
+	sub, err := h.nc.Subscribe(proto.HeartbeatSubject(runnerID, "*"), func(m *nats.Msg) {
 		hb, err := proto.DecodeHeartbeat(m.Data)
 		if err != nil {
 			h.t.Error(err)
@@ -620,4 +627,90 @@ func testCgroupRoot(name string) string {
 	wd, _ := os.Getwd()
 	sum := sha256.Sum256([]byte(wd))
 	return name + "-" + hex.EncodeToString(sum[:4])
+}
+
+// TestTTYJob: a tty job's prompt shows, the answer sent through the control subject reaches it, a
+// resize reaches its terminal, and activity events say when it waits for input and where it
+// listens.
+func TestTTYJob(t *testing.T) {
+	h := newHarness(t)
+	r := h.startRunner(Config{ScanInterval: 20 * time.Millisecond})
+	control := func(c *proto.Control) *proto.ControlReply {
+		t.Helper()
+		c.V = proto.Version
+		msg, err := h.nc.Request(proto.ControlSubject(r.ID()), proto.Encode(c), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reply, err := proto.DecodeControlReply(msg.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reply
+	}
+	awaitOut := func(id, want string) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !strings.Contains(h.out(id), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("output never showed %q: %q", want, h.out(id))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	awaitActivity := func(id string, ok func(*proto.Event) bool) *proto.Event {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			h.mu.Lock()
+			for _, e := range h.events[id] {
+				if e.Kind == proto.EventActivity && ok(e) {
+					h.mu.Unlock()
+					return e
+				}
+			}
+			h.mu.Unlock()
+			if time.Now().After(deadline) {
+				t.Fatalf("no such activity event of %s", id)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	id := h.submitWork(proto.WorkSubject("default", proto.CapPlain), &proto.Work{JobID: "tty-prompt", TTY: true,
+		TTYSize: &proto.TTYSize{Rows: 30, Cols: 90},
+		Command: `echo "term=$TERM size=$(stty size)"; read -p 'Continue? (y/n) ' x; echo got=$x; trap 'echo "winch $(stty size)"; exit 0' WINCH; while :; do sleep 0.05; done`})
+	awaitOut(id, "Continue? (y/n) ")
+	if e := awaitActivity(id, func(e *proto.Event) bool { return e.InputSince != nil }); e.Seq < 1 {
+		t.Fatalf("activity %+v", e)
+	}
+	if reply := control(&proto.Control{Op: proto.OpStdin, JobID: id, Data: []byte("y\n")}); reply.Code != proto.ReplyOK {
+		t.Fatalf("stdin: %+v", reply)
+	}
+	awaitOut(id, "got=y")
+	awaitActivity(id, func(e *proto.Event) bool { return e.InputSince == nil })
+	if reply := control(&proto.Control{Op: proto.OpResize, JobID: id, Size: &proto.TTYSize{Rows: 40, Cols: 120}}); reply.Code != proto.ReplyOK {
+		t.Fatalf("resize: %+v", reply)
+	}
+	awaitOut(id, "winch 40 120")
+	if e := h.exited(id, 10*time.Second); e.Reason != proto.ReasonExit || *e.ExitCode != 0 {
+		t.Fatalf("exited %+v", e)
+	}
+	if out := h.out(id); !strings.Contains(out, "term=xterm-256color size=30 90\r\n") {
+		t.Fatalf("output %q", out)
+	}
+	if reply := control(&proto.Control{Op: proto.OpResize, JobID: id, Size: &proto.TTYSize{Rows: 4, Cols: 4}}); reply.Code != proto.ReplyUnknownJob {
+		t.Fatalf("resize of an ended job: %+v", reply)
+	}
+
+	plain := h.submit("sleep 1000", proto.Limits{})
+	if reply := control(&proto.Control{Op: proto.OpResize, JobID: plain, Size: &proto.TTYSize{Rows: 4, Cols: 4}}); reply.Code != proto.ReplyRefused && reply.Code != proto.ReplyUnknownJob {
+		t.Fatalf("resize of a job without a terminal: %+v", reply)
+	}
+
+	web := h.submit("exec python3 -m http.server 0 --bind 127.0.0.1", proto.Limits{})
+	e := awaitActivity(web, func(e *proto.Event) bool { return len(e.Ports) > 0 })
+	if e.Ports[0].Address != "127.0.0.1" || e.Ports[0].Port == 0 {
+		t.Fatalf("ports %+v", e.Ports)
+	}
 }

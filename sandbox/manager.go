@@ -283,7 +283,7 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 		delete(m.live, spec.ID)
 		m.mu.Unlock()
 	}
-	if m.warm != nil && !spec.Stdin && !spec.SeparateStderr {
+	if m.warm != nil && !spec.Stdin && !spec.SeparateStderr && !spec.TTY {
 		if w := m.warm.take(); w != nil {
 			if readonly && !w.seccomp {
 				w.discard()

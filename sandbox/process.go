@@ -39,7 +39,15 @@ type Process struct {
 	grace time.Duration
 	out   *output
 	errs  *output  // standard error's own pipe (Spec.SeparateStderr); nil when it shares out
-	in    *os.File // the write end of the job's stdin (Spec.Stdin); nil when it reads /dev/null
+	in    *os.File // the write end of the job's stdin (Spec.Stdin), or its terminal's master (Spec.TTY); nil when it reads /dev/null
+	// tty: the job runs on a terminal (Spec.TTY), in is its master; readonly: inside bwrap.
+	tty, readonly bool
+	// hasInput: the job has an input (a pipe or a terminal), input is that file's identity, which
+	// Activity looks for among the files its processes read; supervisor is the absolute path of a
+	// readonly job's bwrap, whose processes only wait for the command.
+	hasInput   bool
+	input      fileID
+	supervisor string
 
 	done   chan struct{} // closed when result and err are set and the cgroup is gone
 	result Result
@@ -70,8 +78,16 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		release()
 		return nil, errors.Join(err, g.remove())
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
+	var term *terminal
+	var r, w *os.File
+	var err error
+	if spec.TTY {
+		// The terminal is the output: r its master, w the slave the child gets.
+		if term, err = openTerminal(spec.TTYSize); err != nil {
+			return fail(err)
+		}
+		r, w = term.master, term.slave
+	} else if r, w, err = os.Pipe(); err != nil {
 		return fail(fmt.Errorf("output pipe: %w", err))
 	}
 	args := spec.Args
@@ -130,7 +146,11 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
 	}
 	var in *os.File
-	if spec.Stdin {
+	if term != nil {
+		term.attach(cmd)
+		in = term.input
+		parentEnds = append(parentEnds, in)
+	} else if spec.Stdin {
 		inR, inW, err := os.Pipe()
 		if err != nil {
 			closeAll()
@@ -139,14 +159,32 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		cmd.Stdin, in = inR, inW
 		childEnds, parentEnds = append(childEnds, inR), append(parentEnds, inW)
 	}
+	var inputID fileID
+	if in != nil {
+		if inputID, err = fstatID(in); err != nil {
+			closeAll()
+			return fail(err)
+		}
+		if term != nil {
+			// A terminal's two sides are two files: the processes read the slave.
+			if inputID, err = fstatID(term.slave); err != nil {
+				closeAll()
+				return fail(err)
+			}
+		}
+	}
 	started, err := prepare(cmd)
 	if err != nil {
 		closeAll()
 		return fail(err)
 	}
 	p := &Process{
-		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{})}, errs: errs, in: in, done: make(chan struct{}),
+		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{}), tty: term != nil}, errs: errs, in: in, done: make(chan struct{}),
+		tty: term != nil, readonly: spec.Readonly, hasInput: in != nil, input: inputID,
 		kicked: make(chan struct{}), release: release, linger: spec.Linger, lingerCgroup: spec.LingerCgroup,
+	}
+	if spec.Readonly {
+		p.supervisor = spec.Path // Manager.Start made it bwrap
 	}
 	startErr := make(chan error, 1)
 	go p.run(cmd, childEnds, started, startErr)
@@ -258,8 +296,10 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 // Pid is the main process's pid, which is also its process group id.
 func (p *Process) Pid() int { return p.pid }
 
-// Input is the write end of the job's standard input when Spec.Stdin asked for one, else nil. The
-// job sees EOF when it is closed; it is closed when the job is over. Writes block while the job does
+// Input is the write end of the job's standard input when Spec.Stdin asked for one, the master of
+// its terminal with Spec.TTY (what is written is typed: closing it does not hang the terminal up,
+// write the terminal's EOF character, ^D, instead), else nil. A pipe's reader sees EOF when it is
+// closed; it is closed when the job is over. Writes block while the job does
 // not read (it has SetWriteDeadline, as *os.File does).
 func (p *Process) Input() *os.File { return p.in }
 
@@ -373,6 +413,7 @@ func (p *Process) Wait() (Result, error) {
 // read to, so that the descriptor does not outlive the job.
 type output struct {
 	f      *os.File
+	tty    bool // f is a terminal's master, which reads EIO once no process holds the slave
 	eof    bool
 	closed chan struct{} // closed at EOF: every process has closed the pipe
 }
@@ -386,6 +427,9 @@ func (o *output) Read(b []byte) (int, error) {
 		return 0, io.EOF
 	}
 	n, err := o.f.Read(b)
+	if o.tty && errors.Is(err, syscall.EIO) {
+		err = io.EOF
+	}
 	if err == io.EOF {
 		o.eof = true
 		o.f.Close()

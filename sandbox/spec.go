@@ -45,6 +45,14 @@ type Spec struct {
 	// The order between the two is then only the order they are read in. Such a job starts cold
 	// (warm init steps have the shared pipe already).
 	SeparateStderr bool
+	// TTY runs the program on a new pseudo-terminal of TTYSize, in a session of its own with the
+	// terminal as its controlling terminal: Output is what the terminal shows (stdout and stderr,
+	// echoed input, with the terminal's line discipline: "\n" becomes "\r\n"), Input is typed on it
+	// and Resize changes its size. A readonly job's command has it as its descriptors 0-2 but not as
+	// controlling terminal (bwrap's --new-session), so it cannot push input into it with TIOCSTI.
+	// SeparateStderr does not apply; such a job starts cold.
+	TTY     bool
+	TTYSize TTYSize
 	// Linger keeps the job going after its main process exits, until its output closes: until every
 	// process holding the pipe (a background child printing) has exited or closed it. Without it,
 	// whatever is left in the cgroup is killed when the main process exits.
@@ -153,6 +161,9 @@ func (s Spec) validate() (limits, error) {
 		if strings.IndexByte(v, 0) >= 0 {
 			return limits{}, fmt.Errorf("%w: %q contains a NUL byte", ErrInvalidSpec, v)
 		}
+	}
+	if s.TTY && s.SeparateStderr {
+		return limits{}, fmt.Errorf("%w: a terminal has one output: tty excludes separate stderr", ErrInvalidSpec)
 	}
 	if c := s.Credential; c != nil && len(c.Groups) > maxGroups {
 		return limits{}, fmt.Errorf("%w: %d supplementary groups, at most %d", ErrInvalidSpec, len(c.Groups), maxGroups)

@@ -183,6 +183,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.StringVar(&req.Session, "session", "", "session of the job")
 	fs.StringVar(&req.Pool, "pool", "", "pool of runners")
 	fs.BoolVar(&req.Stdin, "stdin", false, "give the job an input pipe (sbx send writes to it) instead of /dev/null")
+	fs.BoolVar(&req.TTY, "tty", false, "run the job on a pseudo-terminal (24x80; sbx send types on it)")
 	fs.BoolVar(&req.Linger, "linger", false, "keep the job until its output closes (background children printing), not only until its shell exits")
 	fs.BoolVar(&req.LingerCgroup, "linger-cgroup", false, "keep the job until every process it started has exited, daemons with their output redirected too (nohup setsid srv >/dev/null 2>&1 &)")
 	fs.StringVar(&req.Shell, "shell", "", "sh or bash (default: the runner's, bash where installed)")
@@ -336,11 +337,18 @@ func (cc *clientCmd) status(ctx context.Context, fs *flag.FlagSet, args []string
 	if j.Error != "" {
 		fmt.Fprintf(cc.stdout, "error: %s\n", j.Error)
 	}
+	if j.TTYSize != nil {
+		fmt.Fprintf(cc.stdout, "tty: %dx%d\n", j.TTYSize.Rows, j.TTYSize.Cols)
+	}
+	for _, p := range j.Ports {
+		fmt.Fprintf(cc.stdout, "listening: %s\n", net.JoinHostPort(p.Address, strconv.Itoa(p.Port)))
+	}
 	return nil
 }
 
 func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) error {
 	pattern := fs.String("pattern", "", "return when this RE2 pattern matches the output so far")
+	port := fs.String("port", "", "return when the job listens on this TCP port (or any); prints the address")
 	timeout := fs.Duration("timeout", 0, "give up after this long (default: wait for the end); without a job id, sleep this long")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -349,7 +357,12 @@ func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) 
 	if *timeout < 0 {
 		return usageError("wait: --timeout must not be negative")
 	}
-	if len(pos) == 0 && *timeout > 0 && *pattern == "" {
+	if *port != "" && *port != "any" {
+		if n, err := strconv.Atoi(*port); err != nil || n < 1 || n > 65535 {
+			return usageError("wait: --port %q must be a TCP port (1-65535) or any", *port)
+		}
+	}
+	if len(pos) == 0 && *timeout > 0 && *pattern == "" && *port == "" {
 		_, err := cc.c.Sleep(ctx, *timeout)
 		return err
 	}
@@ -366,7 +379,7 @@ func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) 
 		if !deadline.IsZero() {
 			step = min(step, max(0, time.Until(deadline)))
 		}
-		path := client.WaitPath(id, step, *pattern)
+		path := client.WaitPortPath(id, step, *pattern, *port)
 		raw, err := cc.c.Do(ctx, "GET", path, nil)
 		if err != nil {
 			return err
@@ -375,7 +388,7 @@ func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) 
 		if err := json.Unmarshal(raw, &w); err != nil {
 			return fmt.Errorf("decode wait: %w", err)
 		}
-		finished := w.Done || w.PatternMatched || (!deadline.IsZero() && !time.Now().Before(deadline))
+		finished := w.Done || w.PatternMatched || w.Port != nil || (!deadline.IsZero() && !time.Now().Before(deadline))
 		if !finished {
 			continue
 		}
@@ -388,6 +401,11 @@ func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) 
 		case w.PatternMatched:
 			if !cc.json && w.Matched != nil {
 				fmt.Fprintln(cc.stdout, *w.Matched)
+			}
+			return nil
+		case w.Port != nil:
+			if !cc.json {
+				fmt.Fprintln(cc.stdout, net.JoinHostPort(w.Port.Address, strconv.Itoa(w.Port.Port)))
 			}
 			return nil
 		case w.Done:

@@ -37,6 +37,9 @@ func TestLayers(t *testing.T) {
 	checked := 0
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
 		pkg, deps := fields[0], fields[1:]
 		for _, dep := range deps {
 			for _, r := range rules {

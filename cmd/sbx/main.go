@@ -61,15 +61,16 @@ Servers:
   coordinator  the coordinator, against an external NATS
   runner       a runner, against an external NATS
   auth         NATS credentials: init (a fleet's authority), runner (one runner's creds)
+  token        API tokens: create --sessions PREFIX (a token limited to those sessions)
 
 Client (SBX_ADDR, default http://127.0.0.1:7070; SBX_TOKEN):
   run [flags] -- COMMAND...   start a job
   ps                          list jobs
   status ID                   show a job
-  wait ID                     wait for a job to end (or --pattern to match)
+  wait ID                     wait for a job to end (or --pattern to match, --port N|any to listen)
   logs [-f] ID                print a job's output
   kill ID                     stop a job
-  send ID TEXT...             write TEXT and a newline to a job's input (started with --stdin)
+  send ID TEXT...             write TEXT and a newline to a job's input (started with --stdin or --tty)
   runners                     list runners
   events [-f] [--session S]   print (and ack) notifications; -f follows
   end-session S               end a session: stop its jobs, without notifications
@@ -97,6 +98,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cmdAuth(rest, stdout, stderr)
 	case "mcp":
 		return cmdMCP(ctx, rest, getenv, stderr)
+	case "token":
+		return cmdToken(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

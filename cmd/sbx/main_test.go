@@ -44,6 +44,29 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - b.max; over > 0 {
+		b.buf = append(b.buf[:0], b.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
+
 // instance is a running `sbx serve` and a client of it.
 type instance struct {
 	addr string
@@ -63,19 +86,29 @@ func startServe(t testing.TB, extra ...string) *instance {
 	data := t.TempDir()
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
 		"--data", data, "--cgroup-root", testCgroupRoot("sbx-cmd-test"), "--id", "serve"}, extra...)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, os.Getenv, out, io.Discard) }()
+	// serve's log is shown when the test fails; serveErr is its result once exited is closed.
+	log := &tailBuffer{max: 256 << 10}
+	exited := make(chan struct{})
+	var serveErr error
+	go func() {
+		defer close(exited)
+		serveErr = run(ctx, args, os.Getenv, out, log)
+	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("serve: %v", err)
+		<-exited
+		if serveErr != nil && !errors.Is(serveErr, context.Canceled) {
+			t.Errorf("serve: %v", serveErr)
+		}
+		if t.Failed() {
+			t.Logf("serve's log (its last %d KiB):\n%s", log.max>>10, log.String())
 		}
 	})
 	var line string
 	select {
 	case line = <-out.first:
-	case err := <-done:
-		t.Fatalf("serve exited: %v", err)
+	case <-exited:
+		t.Fatalf("serve exited during start-up: %v", serveErr)
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not start")
 	}
@@ -276,7 +309,8 @@ func TestLimits(t *testing.T) {
 		{"oom", "python3 -c 'b = bytearray(400 * 1000 * 1000); print(len(b))'", client.Limits{MemoryBytes: 64 << 20}, "oom", nil},
 		// Once the storm has used every pid the shell cannot fork: it reads with builtins. In sh: bash
 		// retries a fork that failed with EAGAIN for seconds (docs/decisions.md).
-		{"pids", `d=/sys/fs/cgroup/pids$(grep ':pids:' /proc/self/cgroup | cut -d: -f3)
+		{"pids", `if [ -e /sys/fs/cgroup/cgroup.controllers ]; then d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
+else d=/sys/fs/cgroup/pids$(grep ':pids:' /proc/self/cgroup | cut -d: -f3); fi
 i=0; while [ $i -lt 300 ]; do (sleep 3 &) 2>/dev/null; i=$((i+1)); done
 read max < $d/pids.max; read current < $d/pids.current; echo $max $current`, client.Limits{Pids: 40}, "exit", func(t *testing.T, out string) {
 			var max, current int
@@ -293,10 +327,6 @@ read max < $d/pids.max; read current < $d/pids.current; echo $max $current`, cli
 				t.Fatalf("kept %d bytes, want the first 100000", len(out))
 			}
 		}},
-	}
-	if _, err := os.Stat("/sys/fs/cgroup/pids/cgroup.procs"); err != nil {
-		// The pids check reads the v1 hierarchy.
-		tests = append(tests[:1], tests[2:]...)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -353,8 +383,12 @@ func TestByteExact(t *testing.T) {
 				t.Fatal(err)
 			}
 			if total != int64(len(tt.want)) || !bytes.Equal(out, tt.want) || !bytes.Equal(followed.Bytes(), tt.want) {
-				t.Fatalf("got %d bytes (followed %d, total %d), want %d identical bytes; first difference at %d (followed: %d)",
-					len(out), followed.Len(), total, len(tt.want), firstDiff(out, tt.want), firstDiff(followed.Bytes(), tt.want))
+				j, err := s.c.Job(ctx, r.Job.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Fatalf("got %d bytes (followed %d, total %d), want %d identical bytes; first difference at %d (followed: %d); job %s, reason %q, error %q",
+					len(out), followed.Len(), total, len(tt.want), firstDiff(out, tt.want), firstDiff(followed.Bytes(), tt.want), j.Status, j.Reason, j.Error)
 			}
 		})
 	}

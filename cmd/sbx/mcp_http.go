@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -14,9 +17,35 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 )
 
-// mcpSessionTimeout closes an HTTP MCP session that sent no request for this long, and its pusher.
-// A client whose session was closed gets a 404 and opens a new one, as the MCP spec asks.
-const mcpSessionTimeout = time.Hour
+// Default bounds of the HTTP MCP sessions (mcpSessionLimits). A session costs tens of KiB (its
+// server, tools, transport and pusher): 10,000 initialize calls once held 550 MB for an hour.
+const (
+	mcpDefaultMaxSessions         = 1024
+	mcpDefaultMaxSessionsPerToken = 256
+	// mcpDefaultSessionIdle closes a session that sent no request for this long, and its pusher.
+	// A client whose session was closed gets a 404 and opens a new one, as the MCP spec asks.
+	mcpDefaultSessionIdle = 30 * time.Minute
+)
+
+// mcpSessionLimits bound the MCP sessions open over HTTP: all of them, those opened with one
+// token, and how long one may stay idle. Zero fields take the defaults.
+type mcpSessionLimits struct {
+	Max, PerToken int
+	Idle          time.Duration
+}
+
+func (l mcpSessionLimits) withDefaults() mcpSessionLimits {
+	if l.Max <= 0 {
+		l.Max = mcpDefaultMaxSessions
+	}
+	if l.PerToken <= 0 {
+		l.PerToken = mcpDefaultMaxSessionsPerToken
+	}
+	if l.Idle <= 0 {
+		l.Idle = mcpDefaultSessionIdle
+	}
+	return l
+}
 
 // mcpHTTP serves the MCP tools over streamable HTTP, mounted at the coordinator's /mcp behind the
 // API's authentication. Each MCP session's tools call the API in-process: a client.Client whose
@@ -28,13 +57,18 @@ type mcpHTTP struct {
 	mcp  *mcp.StreamableHTTPHandler
 	// API is the API's handler (httpapi.Server.Handler). It is set after the httpapi server is
 	// made, since that server mounts this handler, and before it serves.
-	API http.Handler
+	API    http.Handler
+	limits mcpSessionLimits
+
+	mu       sync.Mutex
+	sessions int            // open, or being opened
+	perToken map[string]int // sessions by the token that opened them
 }
 
-func newMCPHTTP(ctx context.Context, cfg mcpConfig) *mcpHTTP {
-	m := &mcpHTTP{host: newMCPHost(ctx, cfg)}
-	m.mcp = mcp.NewStreamableHTTPHandler(m.server, &mcp.StreamableHTTPOptions{
-		SessionTimeout:      mcpSessionTimeout,
+func newMCPHTTP(ctx context.Context, cfg mcpConfig, limits mcpSessionLimits) *mcpHTTP {
+	m := &mcpHTTP{host: newMCPHost(ctx, cfg), limits: limits.withDefaults(), perToken: map[string]int{}}
+	m.mcp = mcp.NewStreamableHTTPHandler(m.sessionServer, &mcp.StreamableHTTPOptions{
+		SessionTimeout:      m.limits.Idle,
 		MaxRequestBodyBytes: httpapi.MaxBodyBytes,
 		// The API's Host and Origin checks guard /mcp as they guard /v1: one place decides.
 		DisableLocalhostProtection: true,
@@ -45,23 +79,100 @@ func newMCPHTTP(ctx context.Context, cfg mcpConfig) *mcpHTTP {
 // close ends the sessions' pushers and waits for them.
 func (m *mcpHTTP) close() { m.host.close() }
 
+// bearer is the request's bearer token, "" without one.
+func bearer(r *http.Request) string {
+	if token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return token
+	}
+	return ""
+}
+
 // server returns the MCP server of a new session: its client carries the token and the session
 // (header Sbx-Session, else the API's default) of the request that opened it.
 func (m *mcpHTTP) server(r *http.Request) *mcp.Server {
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		token = ""
-	}
-	c := client.New("http://"+r.Host, token)
+	c := client.New("http://"+r.Host, bearer(r))
 	c.HTTPClient = &http.Client{Transport: &handlerTransport{handler: m.API, remoteAddr: r.RemoteAddr}}
 	c.Session = r.Header.Get("Sbx-Session")
 	return m.host.server(c, nil)
 }
 
+// newSessionServer carries, in a request's context, the server ServeHTTP made for the session the
+// request opens.
+type newSessionServer struct{}
+
+// sessionServer is the SDK's getServer: the server ServeHTTP made for a request that opens a
+// session, nil for any other request (the SDK then checks the protocol version against its own
+// list, which the servers do not narrow).
+func (m *mcpHTTP) sessionServer(r *http.Request) *mcp.Server {
+	s, _ := r.Context().Value(newSessionServer{}).(*mcp.Server)
+	return s
+}
+
 // ServeHTTP serves the MCP endpoint. It is mounted behind the API's checks (httpapi.Config.Handlers),
 // which have read and bounded a POST's body already (size, time, JSON).
+//
+// A POST without Mcp-Session-Id opens a session: it is refused (503) past the bounds of
+// mcpSessionLimits, and the session counts against them until it closes (the client's DELETE,
+// the idle timeout, the coordinator stopping).
 func (m *mcpHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	m.mcp.ServeHTTP(w, r)
+	if r.Method != http.MethodPost || r.Header.Get("Mcp-Session-Id") != "" {
+		m.mcp.ServeHTTP(w, r)
+		return
+	}
+	token := bearer(r)
+	if why := m.take(token); why != "" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "mcp_sessions_full", "message": why}})
+		return
+	}
+	srv := m.server(r)
+	m.mcp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), newSessionServer{}, srv)))
+	var ss *mcp.ServerSession
+	for s := range srv.Sessions() {
+		ss = s
+	}
+	if ss == nil {
+		m.release(token) // the request opened no session (it failed, or was not an initialize)
+		return
+	}
+	m.host.wg.Go(func() {
+		defer m.release(token)
+		stop := context.AfterFunc(m.host.ctx, func() { ss.Close() })
+		defer stop()
+		_ = ss.Wait()
+	})
+}
+
+// take counts a session opened with token, or says why it may not open.
+func (m *mcpHTTP) take(token string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.sessions >= m.limits.Max:
+		return fmt.Sprintf("The coordinator has %d MCP sessions open, the most it keeps (--mcp-max-sessions); close unused ones (DELETE /mcp) or try again later.", m.sessions)
+	case m.perToken[token] >= m.limits.PerToken:
+		return fmt.Sprintf("This token has %d MCP sessions open, the most one token keeps (--mcp-max-sessions-per-token); close unused ones (DELETE /mcp), or wait for idle ones to expire (%s).", m.perToken[token], m.limits.Idle)
+	}
+	m.sessions++
+	m.perToken[token]++
+	return ""
+}
+
+func (m *mcpHTTP) release(token string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sessions--
+	if m.perToken[token]--; m.perToken[token] <= 0 {
+		delete(m.perToken, token)
+	}
+}
+
+// open returns the number of sessions open.
+func (m *mcpHTTP) open() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions
 }
 
 // handlerTransport is an http.RoundTripper that serves each request with an in-process handler

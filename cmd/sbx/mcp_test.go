@@ -127,12 +127,12 @@ func (e *toolError) Error() string { return "tool error: " + e.text }
 // through the sbx binary on stdio and through the coordinator's /mcp, all against one sbx serve.
 func TestMCP(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("mcp-test-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte("mcp-test-token-mcp-test-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s := startServe(t, "--token-file", tokenFile, "--mcp-max-block", "2s")
 	backend := func(session string) *client.Client {
-		c := client.New(s.addr, "mcp-test-token")
+		c := client.New(s.addr, "mcp-test-token-mcp-test-token")
 		c.Session = session
 		return c
 	}
@@ -176,6 +176,27 @@ func TestMCP(t *testing.T) {
 			t.Errorf("send to an ended job: %v", err)
 		}
 	})
+	t.Run("tty and port", func(t *testing.T) {
+		m := connectMCP(t, backend("tty"), mcpConfig{Cwd: cwd})
+		cs := m.ClientSession
+		_, res := call[mcpJobResult](t, cs, "run", map[string]any{"command": `read -p 'Continue? (y/n) ' x; echo got=$x`, "tty": true})
+		if !res.Job.TTY {
+			t.Fatalf("run with tty: %+v", res.Job)
+		}
+		if _, w := call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "pattern": `\(y/n\) $`, "timeout_ms": 20000}); !w.PatternMatched {
+			t.Fatalf("the prompt: %+v", w)
+		}
+		call[any](t, cs, "send", map[string]any{"id": res.Job.ID, "text": "y\n"})
+		if _, w := call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !w.Done || !strings.Contains(w.Output, "got=y\r\n") {
+			t.Fatalf("after send: %+v", w)
+		}
+		_, res = call[mcpJobResult](t, cs, "run", map[string]any{"command": "exec python3 -m http.server 0 --bind 127.0.0.1"})
+		text, w := call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "port": "any", "timeout_ms": 30000})
+		if w.Port == nil || w.Port.Address != "127.0.0.1" || w.Done || !strings.Contains(text, "The job listens on 127.0.0.1:") {
+			t.Fatalf("wait for a port: %s", text)
+		}
+		call[any](t, cs, "kill", map[string]any{"id": res.Job.ID})
+	})
 	t.Run("inline output", func(t *testing.T) {
 		m := connectMCP(t, backend("inline"), mcpConfig{Cwd: cwd})
 		testMCPInlineOutput(t, m.ClientSession)
@@ -188,10 +209,10 @@ func TestMCP(t *testing.T) {
 		testMCPPush(t, func() *mcpClient { return connectMCP(t, backend("push"), mcpConfig{Cwd: cwd}) })
 	})
 	t.Run("stdio", func(t *testing.T) {
-		testMCPStdio(t, s.addr, "mcp-test-token", cwd)
+		testMCPStdio(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
 	})
 	t.Run("http", func(t *testing.T) {
-		testMCPHTTP(t, s.addr, "mcp-test-token", cwd)
+		testMCPHTTP(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
 	})
 	t.Run("default protocol", func(t *testing.T) {
 		testMCPDefaultProtocol(t, s.addr, "mcp-test-token", cwd)

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -32,6 +34,7 @@ type (
 		Shell              string            `json:"shell,omitempty" jsonschema:"bash (the default where the runner has it) or sh"`
 		User               string            `json:"user,omitempty" jsonschema:"user to run as, among those the runner allows (default: the runner's)"`
 		Stdin              bool              `json:"stdin,omitempty" jsonschema:"give the job an input that the send tool writes to (default: /dev/null); for commands that ask questions"`
+		TTY                bool              `json:"tty,omitempty" jsonschema:"run on a pseudo-terminal (24x80): prompts that need a terminal show, and the send tool types on it; notifications and patterns see the text without escape sequences"`
 		Linger             bool              `json:"linger,omitempty" jsonschema:"keep the job until its output closes, not only until the shell exits: for a command that starts background children whose output you want"`
 		LingerCgroup       bool              `json:"linger_cgroup,omitempty" jsonschema:"keep the job until every process it started has exited, a daemon started with nohup or setsid and its output redirected too: it stays a job you can wait on and kill"`
 		Pool               string            `json:"pool,omitempty" jsonschema:"pool of runners (default: default)"`
@@ -68,6 +71,7 @@ type (
 		TimeoutMS *int64 `json:"timeout_ms,omitempty" jsonschema:"give up after this many milliseconds (default 30000, at most 7140000); one call waits at most about 50 s and returns a continuation with the time left"`
 		Pattern   string `json:"pattern,omitempty" jsonschema:"return as soon as this RE2 pattern matches the output so far (^ and $ match at line ends), e.g. \"listening on|ready\""`
 		Offset    int64  `json:"offset,omitempty" jsonschema:"show output from this byte on (the output_end of the previous result), at most its last 30 KiB"`
+		Port      string `json:"port,omitempty" jsonschema:"return as soon as the job listens on this TCP port, e.g. \"5173\", or on any: \"any\" (for a server: ready when it listens)"`
 	}
 	mcpOutput struct {
 		ID     string `json:"id" jsonschema:"the job id"`
@@ -75,7 +79,7 @@ type (
 		Limit  int64  `json:"limit,omitempty" jsonschema:"at most this many bytes (default 30720, at most 262144)"`
 	}
 	mcpSend struct {
-		ID    string `json:"id" jsonschema:"the job id; the job must have been started with stdin: true"`
+		ID    string `json:"id" jsonschema:"the job id; the job must have been started with stdin: true or tty: true"`
 		Text  string `json:"text,omitempty" jsonschema:"bytes written as they are: end with \n to answer a prompt, e.g. \"y\\n\" (at most 64 KiB)"`
 		Close bool   `json:"close,omitempty" jsonschema:"close the input after the text (end of file)"`
 	}
@@ -112,6 +116,9 @@ type mcpJobResult struct {
 	OutputOffset   int64       `json:"output_offset" jsonschema:"byte offset of the first byte of output"`
 	OutputEnd      int64       `json:"output_end" jsonschema:"byte offset after the last byte of output: the offset to read on from"`
 	Next           *mcpNext    `json:"next,omitempty" jsonschema:"the call that goes on waiting, when this one returned at its time budget"`
+	// Port is the address wait's port is listened on, once it is.
+	Port *client.Port `json:"port,omitempty" jsonschema:"the address wait's port is listened on, once it is"`
+
 	// note is the background shell tool's line above a cut output, when the lines are counted.
 	note string
 }
@@ -171,7 +178,7 @@ When you do poll a job closely, do not stop until it ends, reaches a healthy ste
 		Description: `Stop a job and every process it started (TERM to each, then KILL to whatever is left after 2 s). Returns the job. Killing a job that already ended is an error (conflict). Another signal (INT, HUP, ...) only reaches its process group.`},
 		t.kill)
 	mcp.AddTool(s, &mcp.Tool{Name: "send", Annotations: &mcp.ToolAnnotations{Title: "Write to a job's input", DestructiveHint: hint(true), OpenWorldHint: hint(false)},
-		Description: `Write text to the input of a job started with stdin: true, e.g. to answer a prompt a "stall" notification reported ({"id":ID,"text":"y
+		Description: `Write text to the input of a job started with stdin: true (or typed on its terminal, tty: true), e.g. to answer a prompt a "stall" notification reported ({"id":ID,"text":"y
 "}), or feed a REPL; close: true ends the input (EOF). Text is written as it is: end it with a newline to send a line. A job without stdin, an ended one, or one that does not read within 3 s is an error. Then wait with offset to see what it printed.`},
 		t.send)
 	mcp.AddTool(s, &mcp.Tool{Name: "notifications", Annotations: readOnly,
@@ -207,7 +214,7 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	}
 	sr := client.StartRequest{
 		Command: in.Command, Cwd: cmp.Or(in.Cwd, t.cfg.Cwd), Title: in.Title, Env: in.Env, Readonly: in.Readonly,
-		Shell: in.Shell, User: in.User, Stdin: in.Stdin, Linger: in.Linger, LingerCgroup: in.LingerCgroup, Pool: in.Pool, Session: in.Session,
+		Shell: in.Shell, User: in.User, Stdin: in.Stdin, TTY: in.TTY, Linger: in.Linger, LingerCgroup: in.LingerCgroup, Pool: in.Pool, Session: in.Session,
 		Monitor: in.Monitor, Persistent: in.Persistent, NotificationFormat: in.NotificationFormat,
 	}
 	if sr.Cwd == "" {
@@ -240,7 +247,7 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	switch {
 	case res.Done:
 	case asked > time.Since(start):
-		res.Next = t.waitNext(res, asked-time.Since(start), "")
+		res.Next = t.waitNext(res, asked-time.Since(start), "", "")
 		note = t.stillRunning(res)
 	case asked > 0:
 		note = fmt.Sprintf("Still %s after the %s asked; it goes on in the background.\n%s", reply.Job.Status, asked, backgroundHelp(res))
@@ -267,7 +274,7 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 	}
 	start := time.Now()
 	stop := t.progress(ctx, req, budget, "waiting for job "+in.ID)
-	w, err := t.c.Wait(ctx, in.ID, budget, in.Pattern)
+	w, err := t.c.WaitPort(ctx, in.ID, budget, in.Pattern, in.Port)
 	stop()
 	if err != nil {
 		return nil, nil, err
@@ -276,7 +283,7 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 	if err != nil {
 		return nil, nil, err
 	}
-	res.Done, res.PatternMatched, res.Matched, res.MatchedOffset = w.Done, w.PatternMatched, w.Matched, w.MatchedOffset
+	res.Done, res.PatternMatched, res.Matched, res.MatchedOffset, res.Port = w.Done, w.PatternMatched, w.Matched, w.MatchedOffset, w.Port
 	var note string
 	switch {
 	case w.Done:
@@ -286,8 +293,10 @@ func (t *mcpTools) wait(ctx context.Context, req *mcp.CallToolRequest, in mcpWai
 			note += fmt.Sprintf(" %q at byte %d", *w.Matched, *w.MatchedOffset)
 		}
 		note += fmt.Sprintf("; the job is still %s.", w.Job.Status)
+	case w.Port != nil:
+		note = fmt.Sprintf("The job listens on %s; it is still %s.", net.JoinHostPort(w.Port.Address, strconv.Itoa(w.Port.Port)), w.Job.Status)
 	case asked > time.Since(start):
-		res.Next = t.waitNext(res, asked-time.Since(start), in.Pattern)
+		res.Next = t.waitNext(res, asked-time.Since(start), in.Pattern, in.Port)
 		note = t.stillRunning(res)
 	default:
 		note = fmt.Sprintf("Still %s after %s.", w.Job.Status, asked)
@@ -321,10 +330,13 @@ func (t *mcpTools) sleep(ctx context.Context, req *mcp.CallToolRequest, in mcpWa
 }
 
 // waitNext is the wait call that goes on waiting for left more.
-func (t *mcpTools) waitNext(res *mcpJobResult, left time.Duration, pattern string) *mcpNext {
+func (t *mcpTools) waitNext(res *mcpJobResult, left time.Duration, pattern, port string) *mcpNext {
 	args := map[string]any{"id": res.Job.ID, "timeout_ms": max(left, time.Millisecond).Milliseconds(), "offset": res.OutputEnd}
 	if pattern != "" {
 		args["pattern"] = pattern
+	}
+	if port != "" {
+		args["port"] = port
 	}
 	return &mcpNext{Tool: "wait", Arguments: args}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
@@ -73,6 +74,10 @@ func TestServeNATSAuth(t *testing.T) {
 	}
 	if _, err := s.sbx(t, "runner", "--nats", s.nats, "--nats-creds", creds, "--id", "other"); code(err) != 2 {
 		t.Fatalf("a runner with another runner's creds: %v, want a usage error", err)
+	}
+	if _, err := s.sbx(t, "runner", "--nats", s.nats, "--nats-creds", creds, "--pool", "default"); code(err) != 2 ||
+		!strings.Contains(err.Error(), "for pool extra") {
+		t.Fatalf("a runner of pool default with pool extra's creds: %v, want a usage error", err)
 	}
 	// No --id: the runner takes the one its creds were minted for.
 	startRunner(t, "--nats", s.nats, "--nats-creds", creds, "--pool", "extra", "--cgroup-root", testCgroupRoot("sbx-cmd-test-extra"))
@@ -138,7 +143,7 @@ func TestFleetNATSAuth(t *testing.T) {
 		}
 		return path
 	}
-	token, enrollKey := secret("token", "api-token"), secret("enroll", "enroll-key")
+	token, enrollKey := secret("token", "api-token-api-token"), secret("enroll", "enroll-key-enroll-key")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{first: make(chan string, 1)}
@@ -146,7 +151,8 @@ func TestFleetNATSAuth(t *testing.T) {
 	go func() {
 		ended <- run(ctx, []string{"coordinator", "--nats", ns.ClientURL(), "--nats-creds", filepath.Join(dir, natsauth.CoordinatorCredsFile),
 			"--listen", "127.0.0.1:0", "--data", t.TempDir(), "--token-file", token,
-			"--enroll-key", enrollKey, "--nats-account-key", filepath.Join(dir, natsauth.AccountSeedFile)}, os.Getenv, out, io.Discard)
+			"--enroll-key", enrollKey, "--nats-account-key", filepath.Join(dir, natsauth.AccountSeedFile),
+			"--enroll-creds-ttl", "3s"}, os.Getenv, out, io.Discard)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -165,7 +171,7 @@ func TestFleetNATSAuth(t *testing.T) {
 		t.Fatal("coordinator did not start")
 	}
 	startRunner(t, "--nats", ns.ClientURL(), "--nats-creds", runnerCreds, "--cgroup-root", testCgroupRoot("sbx-cmd-test-fleet"))
-	c := client.New(addr, "api-token")
+	c := client.New(addr, "api-token-api-token")
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if rs, err := c.Runners(t.Context()); err == nil && len(rs) == 1 && rs[0].ID == "r1" {
 			break
@@ -179,14 +185,22 @@ func TestFleetNATSAuth(t *testing.T) {
 	}
 
 	// A runner of unknown id enrolls with the enroll key (not the API token) and runs work.
-	wrongKey := secret("wrong", "not-the-key")
+	wrongKey := secret("wrong", "not-the-enroll-key")
 	if _, err := cli(t, nil, "runner", "--nats", ns.ClientURL(), "--enroll", addr, "--enroll-key-file", wrongKey, "--id", "r2"); err == nil ||
 		!strings.Contains(err.Error(), "enroll key") {
 		t.Fatalf("a runner with a wrong enroll key: %v, want refused", err)
 	}
+	enrolled := time.Now()
 	startRunner(t, "--nats", ns.ClientURL(), "--enroll", addr, "--enroll-key-file", enrollKey, "--id", "r2", "--pool", "enrolled",
 		"--cgroup-root", testCgroupRoot("sbx-cmd-test-enrolled"))
 	if out := runJob(t, c, "enrolled", "echo enrolled"); out != "enrolled\n" {
+		t.Fatalf("output %q", out)
+	}
+	// Its creds live 3 s; it renews them through the enroll route and keeps working past that.
+	for time.Since(enrolled) < 5*time.Second {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if out := runJob(t, c, "enrolled", "echo renewed"); out != "renewed\n" {
 		t.Fatalf("output %q", out)
 	}
 }
@@ -210,5 +224,78 @@ func TestServeNATSTLS(t *testing.T) {
 	startRunner(t, "--nats", s.nats, "--nats-creds", creds, "--nats-ca", cert, "--pool", "tls", "--cgroup-root", testCgroupRoot("sbx-cmd-test-tls"))
 	if out := runJob(t, s.c, "tls", "echo over tls"); out != "over tls\n" {
 		t.Fatalf("output %q", out)
+	}
+}
+
+// TestAuthRevokeAndRotate: the commands of "Expiry, revocation and rotation" in docs/security.md:
+// runner creds carry --expires, `sbx auth coordinator` mints creds of a new user, and `sbx auth
+// revoke` puts a runner's or a creds file's user on the account's list in nats-auth.conf.
+func TestAuthRevokeAndRotate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "auth")
+	if _, err := cli(t, nil, "auth", "init", "--dir", dir); err != nil {
+		t.Fatal(err)
+	}
+	r1 := filepath.Join(t.TempDir(), "r1.creds")
+	if _, err := cli(t, nil, "auth", "runner", "--dir", dir, "--id", "r1", "--expires", "1h", "--out", r1); err != nil {
+		t.Fatal(err)
+	}
+	b, err := natsauth.ReadSecret(r1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if issued, expires, err := natsauth.Lifetime(b); err != nil || expires.Sub(issued) != time.Hour {
+		t.Fatalf("creds issued %v expire %v (%v), want an hour later", issued, expires, err)
+	}
+	oldCoord := filepath.Join(t.TempDir(), "old.creds")
+	if b, err := natsauth.ReadSecret(filepath.Join(dir, natsauth.CoordinatorCredsFile)); err != nil {
+		t.Fatal(err)
+	} else if err := natsauth.WriteSecret(oldCoord, b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli(t, nil, "auth", "coordinator", "--dir", dir); err != nil {
+		t.Fatal(err)
+	}
+	userOf := func(path string) string {
+		t.Helper()
+		b, err := natsauth.ReadSecret(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := natsauth.UserOf(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pub
+	}
+	if userOf(oldCoord) == userOf(filepath.Join(dir, natsauth.CoordinatorCredsFile)) {
+		t.Fatal("the rotated coordinator creds have the old user")
+	}
+	for _, args := range [][]string{{"--id", "r1"}, {"--creds", oldCoord}} {
+		if _, err := cli(t, nil, append([]string{"auth", "revoke", "--dir", dir}, args...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf, err := os.ReadFile(filepath.Join(dir, natsauth.ServerConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(string(conf)); err != nil {
+		t.Fatal(err)
+	}
+	_, accJWT, _ := strings.Cut(string(conf), "resolver_preload: {\n  ")
+	_, accJWT, _ = strings.Cut(accJWT, ": ")
+	accJWT, _, _ = strings.Cut(accJWT, "\n")
+	acc, err := jwt.DecodeAccountClaims(accJWT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, pub := range map[string]string{"r1": userOf(r1), "old coordinator": userOf(oldCoord)} {
+		if _, ok := acc.Revocations[pub]; !ok {
+			t.Errorf("%s (%s) is not on the account's revocation list %v", name, pub, acc.Revocations)
+		}
+	}
+	if _, err := cli(t, nil, "auth", "revoke", "--dir", dir); exitCode(err, io.Discard) != 2 {
+		t.Fatalf("revoke with neither --id nor --creds: %v, want exit 2", err)
 	}
 }

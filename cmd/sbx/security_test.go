@@ -96,7 +96,7 @@ func TestListenNeedsToken(t *testing.T) {
 	dir := t.TempDir()
 	token := func(name string, mode os.FileMode) string {
 		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, []byte("s3cret\n"), mode); err != nil {
+		if err := os.WriteFile(path, []byte("s3cret-s3cret-s3cret\n"), mode); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Chmod(path, mode); err != nil { // past the umask

@@ -69,10 +69,17 @@ type coordinatorFlags struct {
 	allowHosts              stringList
 	insecureNoToken         bool
 	stallAfter              time.Duration
+	inputStallAfter         time.Duration
 	runnerDeadline          time.Duration
 	retainAge               time.Duration
 	retainBytes             string
 	mcpMaxBlock             time.Duration
+
+	// maxConns and maxConnsPerClient bound the API's connections (httpapi.Config.MaxConns);
+	// mcpSessions the sessions of /mcp; outputBudget and minFreeDisk the disk jobs' output uses.
+	maxConns, maxConnsPerClient int
+	mcpSessions                 mcpSessionLimits
+	outputBudget, minFreeDisk   string
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -84,10 +91,18 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.Var(&c.allowHosts, "allow-host", "a name clients reach the API by, accepted in the Host header besides localhost, 127.0.0.1 and [::1] (repeatable; '*' accepts any and needs --token-file)")
 	fs.BoolVar(&c.insecureNoToken, "insecure-no-token", false, "listen beyond loopback without a token: only for a container whose port is published on the host's loopback alone")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
+	fs.DurationVar(&c.inputStallAfter, "input-stall-after", 10*time.Second, "how long a job's processes must all wait for input (as its runner sees them) before that notifies")
 	fs.DurationVar(&c.runnerDeadline, "runner-deadline", defaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
+	fs.IntVar(&c.maxConns, "max-conns", httpapi.DefaultMaxConns, "most HTTP connections open at a time; more are closed on accept")
+	fs.IntVar(&c.maxConnsPerClient, "max-conns-per-client", httpapi.DefaultMaxConnsPerClient, "most HTTP connections open at a time from one client IP")
+	fs.IntVar(&c.mcpSessions.Max, "mcp-max-sessions", mcpDefaultMaxSessions, "most /mcp sessions open at a time")
+	fs.IntVar(&c.mcpSessions.PerToken, "mcp-max-sessions-per-token", mcpDefaultMaxSessionsPerToken, "most /mcp sessions open at a time with one token")
+	fs.DurationVar(&c.mcpSessions.Idle, "mcp-session-idle", mcpDefaultSessionIdle, "how long a /mcp session may go without a request before it is closed")
+	fs.StringVar(&c.outputBudget, "output-budget", "20G", "most output stored for all jobs together, ended and running (above --retain-bytes); past it new jobs are refused and a job writing more is stopped")
+	fs.StringVar(&c.minFreeDisk, "min-free-disk", "1G", "free space the data directory's disk keeps; below it new jobs are refused (0: not checked)")
 }
 
 // api is the HTTP API's listener and its server's settings. It is opened before anything else
@@ -96,8 +111,10 @@ type api struct {
 	ln  net.Listener
 	cfg httpapi.Config
 	url string // http://ADDR or https://ADDR
-	// retainBytes is --retain-bytes, parsed.
-	retainBytes int64
+	// retainBytes is --retain-bytes, parsed; outputBudget and minFreeDisk --output-budget and
+	// --min-free-disk (-1: not checked).
+	retainBytes               int64
+	outputBudget, minFreeDisk int64
 }
 
 // openAPI checks the coordinator's flags, reads the token and the TLS certificate, listens, and makes
@@ -111,6 +128,17 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if err != nil || retainBytes <= 0 {
 		return nil, usageError("--retain-bytes %q must be a positive size like 10G", cf.retainBytes)
 	}
+	outputBudget, err := parseBytes(cf.outputBudget)
+	if err != nil || outputBudget <= retainBytes {
+		return nil, usageError("--output-budget %q must be a size like 20G, above --retain-bytes", cf.outputBudget)
+	}
+	minFreeDisk, err := parseBytes(cf.minFreeDisk)
+	if err != nil || minFreeDisk < 0 {
+		return nil, usageError("--min-free-disk %q must be a size like 1G, or 0", cf.minFreeDisk)
+	}
+	if minFreeDisk == 0 {
+		minFreeDisk = -1 // coordinator.Config: not checked
+	}
 	if cf.runnerDeadline <= 0 {
 		return nil, usageError("--runner-deadline must be positive")
 	}
@@ -121,7 +149,14 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := httpapi.Config{Token: token, Logger: log, Version: version, AllowedHosts: cf.allowHosts}
+	if cf.maxConns <= 0 || cf.maxConnsPerClient <= 0 {
+		return nil, usageError("--max-conns and --max-conns-per-client must be positive")
+	}
+	if cf.mcpSessions.Max <= 0 || cf.mcpSessions.PerToken <= 0 || cf.mcpSessions.Idle <= 0 {
+		return nil, usageError("--mcp-max-sessions, --mcp-max-sessions-per-token and --mcp-session-idle must be positive")
+	}
+	cfg := httpapi.Config{Token: token, Logger: log, Version: version, AllowedHosts: cf.allowHosts,
+		MaxConns: cf.maxConns, MaxConnsPerClient: cf.maxConnsPerClient}
 	if token == "" && slices.Contains(cf.allowHosts, httpapi.AnyHost) {
 		return nil, usageError("--allow-host '*' needs --token-file: without a token, the Host check is what keeps web pages out (DNS rebinding)")
 	}
@@ -154,7 +189,7 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if host, _, err := net.SplitHostPort(cf.listen); err == nil && host != "" && !addr.IP.IsUnspecified() {
 		cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 	}
-	return &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes}, nil
+	return &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes, outputBudget: outputBudget, minFreeDisk: minFreeDisk}, nil
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -325,7 +360,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	runnerCreds, err := auth.RunnerCreds(rf.id, rf.pool)
+	runnerCreds, err := auth.RunnerCreds(rf.id, rf.pool, 0)
 	if err != nil {
 		return usageError("--id: %v", err)
 	}
@@ -389,8 +424,12 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 	nf.register(fs)
 	enrollKey := fs.String("enroll-key", "", "file (mode 0600) holding the enroll key: enables POST /v1/enroll, which gives runners holding the key creds for the id they ask (needs --nats-account-key)")
 	accountKey := fs.String("nats-account-key", "", "the account key (account.nk of sbx auth init) that signs enrolled runners' creds")
+	enrollTTL := fs.Duration("enroll-creds-ttl", defaultEnrollTTL, "how long enrolled runners' creds are valid; runners renew them at two thirds")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *enrollTTL < 3*time.Second {
+		return usageError("--enroll-creds-ttl %s must be at least 3s", *enrollTTL)
 	}
 	if nf.url == "" {
 		return usageError("coordinator: --nats URL is required")
@@ -417,7 +456,7 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		if err != nil {
 			return fmt.Errorf("--nats-account-key: %w", err)
 		}
-		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: &enroller{key: key, auth: auth, log: log}}
+		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: newEnroller(key, auth, *enrollTTL, log)}
 		api.cfg.OwnCredential = []string{enrollPath}
 	}
 	nc, err := dial(ctx, log, "sbx-coordinator", nf.url, append(opts, coordinatorConn())...)
@@ -461,6 +500,9 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if rf.id, err = nf.runnerIDFromCreds(rf.id); err != nil {
 		return err
 	}
+	if err := nf.checkCredsPool(rf.pool); err != nil {
+		return err
+	}
 	if rf.id == "" {
 		if rf.id, err = runner.DefaultID(); err != nil {
 			return err
@@ -470,21 +512,16 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if err != nil {
 		return err
 	}
+	var enrolled *enrolledCreds
 	if *enrollURL != "" {
 		key, err := readToken(*enrollKeyFile)
 		if err != nil {
 			return fmt.Errorf("--enroll-key-file: %w", err)
 		}
-		creds, err := enroll(ctx, *enrollURL, key, rf.id, rf.pool)
-		if err != nil {
+		if enrolled, err = enrollRunner(ctx, *enrollURL, key, rf.id, rf.pool); err != nil {
 			return err
 		}
-		// The creds stay in memory: nothing on disk for a job to find.
-		user, err := credsOption(creds)
-		if err != nil {
-			return err
-		}
-		opts = append(opts, user)
+		opts = append(opts, enrolled.option())
 	}
 	secrets, err := absPaths(nf.creds, nf.tlsKey, *enrollKeyFile)
 	if err != nil {
@@ -496,6 +533,12 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 		return err
 	}
 	defer nc.Close()
+	if enrolled != nil {
+		renewCtx, stopRenew := context.WithCancel(ctx)
+		renewed := make(chan struct{})
+		go func() { defer close(renewed); enrolled.renew(renewCtx, nc, log) }()
+		defer func() { stopRenew(); <-renewed }()
+	}
 	return serveRunner(ctx, nc, rf, secrets, log)
 }
 
@@ -598,14 +641,15 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 		return err
 	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
-		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
+		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, InputStallAfter: cf.inputStallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
+		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk,
 	}, db, terms, bus)
 	if err != nil {
 		return err
 	}
 	cfg := api.cfg
 	cfg.Ready = bus.Ready
-	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log})
+	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log}, cf.mcpSessions)
 	defer mcpHTTP.close()
 	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
 	for pattern, h := range api.cfg.Handlers {
@@ -686,9 +730,12 @@ func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []s
 	return r.Run(ctx)
 }
 
+// minSecret is the shortest token or enroll key sbx accepts, in bytes.
+const minSecret = 16
+
 // readToken reads the bearer token from a file; no file means no token. A file that group or
 // others may read or write is refused, as ssh refuses such a private key: the token is a root shell
-// on every runner.
+// on every runner. A secret under minSecret bytes is refused too.
 func readToken(path string) (string, error) {
 	if path == "" {
 		return "", nil
@@ -707,6 +754,10 @@ func readToken(path string) (string, error) {
 	token := strings.TrimSpace(string(b))
 	if token == "" {
 		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	// A short secret is guessed: the enroll route once took 6,276 keys a second.
+	if len(token) < minSecret {
+		return "", fmt.Errorf("%s holds a secret of %d bytes: use at least %d (head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > %s)", path, len(token), minSecret, path)
 	}
 	return token, nil
 }

@@ -59,7 +59,16 @@ func (c *Client) Jobs(ctx context.Context, q JobsQuery) ([]Job, error) {
 
 // WaitPath is the path of a wait, for Do; see Wait.
 func WaitPath(id string, timeout time.Duration, pattern string) string {
+	return WaitPortPath(id, timeout, pattern, "")
+}
+
+// WaitPortPath is the path of a wait that also returns once the job listens on port (a number, or
+// "any"; "": no port), for Do; see WaitPort.
+func WaitPortPath(id string, timeout time.Duration, pattern, port string) string {
 	v := url.Values{}
+	if port != "" {
+		v.Set("port", port)
+	}
 	if timeout >= 0 {
 		v.Set("timeout_ms", strconv.FormatInt(timeout.Milliseconds(), 10))
 	}
@@ -81,6 +90,27 @@ func (c *Client) Wait(ctx context.Context, id string, timeout time.Duration, pat
 		return nil, err
 	}
 	return &r, nil
+}
+
+// WaitPort is Wait that also returns once the job listens on a TCP port: port is a number, or
+// "any" (GET /v1/jobs/{id}/wait?port=). The reply's Port says which.
+func (c *Client) WaitPort(ctx context.Context, id string, timeout time.Duration, pattern, port string) (*WaitReply, error) {
+	var r WaitReply
+	if err := c.call(ctx, "GET", WaitPortPath(id, timeout, pattern, port), nil, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Resize sets the size of a tty job's terminal and returns the job (POST /v1/jobs/{id}/resize).
+func (c *Client) Resize(ctx context.Context, id string, size TTYSize) (*Job, error) {
+	var r struct {
+		Job Job `json:"job"`
+	}
+	if err := c.call(ctx, "POST", JobPath(id, "/resize"), size, &r); err != nil {
+		return nil, err
+	}
+	return &r.Job, nil
 }
 
 // Input writes data to the standard input of a job started with Stdin, then closes it (EOF) when

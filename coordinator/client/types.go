@@ -54,6 +54,23 @@ type Job struct {
 	ToolCallID string `json:"tool_call_id,omitempty"`
 	// LingerCgroup: the job lasts until every process it started has exited.
 	LingerCgroup bool `json:"linger_cgroup"`
+	// TTY: the job runs on a terminal of TTYSize (null without one). Ports are the TCP addresses its
+	// processes listen on.
+	TTY     bool     `json:"tty"`
+	TTYSize *TTYSize `json:"tty_size"`
+	Ports   []Port   `json:"ports"`
+}
+
+// TTYSize is the size of a job's terminal.
+type TTYSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// Port is a TCP address a job listens on.
+type Port struct {
+	Address string `json:"address"`
+	Port    int    `json:"port"`
 }
 
 // Ended reports whether the job's status is final.
@@ -111,6 +128,9 @@ type StartRequest struct {
 	// redirected its output (nohup setsid srv >/dev/null 2>&1 &) included: it stays a job to wait
 	// on and kill.
 	LingerCgroup bool `json:"linger_cgroup,omitempty"`
+	// TTY runs the job on a pseudo-terminal of TTYSize (nil: 24×80): Input types on it.
+	TTY     bool     `json:"tty,omitempty"`
+	TTYSize *TTYSize `json:"tty_size,omitempty"`
 	// BlockUntil makes the call wait up to this long for the job to end (sent as block_until_ms).
 	BlockUntil time.Duration `json:"-"`
 }
@@ -165,6 +185,8 @@ type WaitReply struct {
 	// the output; both null without a match.
 	Matched       *string `json:"matched"`
 	MatchedOffset *int64  `json:"matched_offset"`
+	// Port is the port the wait asked for, once the job listens on it; else nil.
+	Port *Port `json:"port"`
 }
 
 // JobsQuery selects jobs in a listing; zero fields select everything (Limit 0: the server's

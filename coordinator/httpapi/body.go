@@ -30,7 +30,8 @@ func (s *Server) boundBody(next http.Handler) http.Handler {
 }
 
 // readBody reads a request's whole body, within the deadline boundBody set and within
-// MaxBodyBytes, before the handler runs; the handler reads it from memory. A body must be JSON
+// MaxBodyBytes, and holds it to checkJSON, before the handler runs; the handler reads it from
+// memory. A body must be JSON
 // (Content-Type: application/json): a browser can send a text/plain or form body to any site
 // without asking first, it cannot send JSON.
 func (s *Server) readBody(next http.Handler) http.Handler {
@@ -57,6 +58,13 @@ func (s *Server) readBody(next http.Handler) http.Handler {
 			return
 		case err != nil:
 			s.writeError(w, r, invalid("body could not be read: %v.", err))
+			return
+		}
+		// Held to the strict checks here rather than in each route's decoder, so that the mounted
+		// handlers' bodies (an MCP message) are too: a command must not run rewritten whichever way
+		// it came in.
+		if err := checkJSON(data); err != nil {
+			s.writeError(w, r, err)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(data))

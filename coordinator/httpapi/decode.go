@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,13 +10,15 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/proto"
 )
 
 // decodeBody decodes the request's JSON body into v: one object, no unknown fields. readBody has
-// already read it, within MaxBodyBytes and the body timeout. An empty body is an error unless
+// already read it, within MaxBodyBytes and the body timeout, and checked it (checkJSON). An empty body is an error unless
 // optional. Errors name the problem the way a client can fix it: "body: unknown field "foo"",
 // "limits.pids must be a number".
 func decodeBody(r *http.Request, v any, optional bool) error {
@@ -51,6 +54,134 @@ func decodeBody(r *http.Request, v any, optional bool) error {
 		// The remaining decoder errors are unknown fields and the like: their text is the message.
 		return invalid("body: %s.", trimJSONPrefix(err.Error()))
 	}
+}
+
+// checkJSON refuses what encoding/json accepts silently: a field given twice (the last would win,
+// so that a proxy or a log that reads the first sees another request than the one run), and a
+// string that is not valid UTF-8 or holds a lone UTF-16 surrogate escape (each would become
+// U+FFFD: a command would run rewritten). Errors name the field ("env.PATH", "args[2]"). Syntax
+// errors are left to the decoder, which says them better.
+func checkJSON(body []byte) error {
+	type frame struct {
+		object  bool
+		keys    map[string]bool
+		key     string // the current member's name (object)
+		index   int    // the current element's index (array)
+		wantKey bool
+	}
+	var stack []*frame
+	path := func() string {
+		var b strings.Builder
+		for i, f := range stack {
+			switch {
+			case f.object && i == 0:
+				b.WriteString(f.key)
+			case f.object:
+				b.WriteString("." + f.key)
+			default:
+				fmt.Fprintf(&b, "[%d]", f.index)
+			}
+		}
+		if b.Len() == 0 {
+			return "body"
+		}
+		return b.String()
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	for {
+		start := dec.InputOffset()
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // the end, or a syntax error for Decode to report
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if str, ok := tok.(string); ok {
+			raw := body[start:dec.InputOffset()]
+			raw = raw[bytes.IndexByte(raw, '"'):]
+			if top != nil && top.object && top.wantKey {
+				top.key, top.wantKey = str, false
+				if !validJSONString(raw) {
+					return invalid("%s: a field name is not valid UTF-8.", path())
+				}
+				if top.keys[str] {
+					return invalid("%s is given twice: each field must appear once.", path())
+				}
+				top.keys[str] = true
+				continue
+			}
+			if !validJSONString(raw) {
+				return invalid("%s is not valid UTF-8 (or holds a lone \\u surrogate escape).", path())
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{object: true, keys: map[string]bool{}, wantKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			if len(stack) > 0 {
+				top = stack[len(stack)-1]
+			} else {
+				top = nil
+			}
+		}
+		// A value ended: the next token of an object is a name, of an array the next element.
+		if top != nil {
+			if top.object {
+				top.wantKey = true
+			} else {
+				top.index++
+			}
+		}
+	}
+}
+
+// validJSONString reports whether raw, a JSON string with its quotes as it was sent, is valid
+// UTF-8 and every \u escape of a UTF-16 surrogate is one half of a pair.
+func validJSONString(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++
+		if i >= len(raw) || raw[i] != 'u' {
+			continue // a one-letter escape, \\ included
+		}
+		r, ok := hex4(raw[i+1:])
+		if !ok {
+			return true // the decoder refuses it
+		}
+		i += 4
+		switch {
+		case utf16.IsSurrogate(r) && r < 0xdc00: // a high half: a low half must follow
+			lo, ok := hex4(raw[min(i+3, len(raw)):])
+			if i+2 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' || !ok || lo < 0xdc00 || lo > 0xdfff {
+				return false
+			}
+			i += 6
+		case utf16.IsSurrogate(r): // a low half alone
+			return false
+		}
+	}
+	return true
+}
+
+// hex4 parses the four hex digits a \u escape starts with.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(b[:4]), 16, 32)
+	return rune(n), err == nil
 }
 
 func tooLarge(err error) bool {
@@ -121,6 +252,9 @@ func queryBool(r *http.Request, name string) (bool, error) {
 // file name.
 func pathID(r *http.Request, what string) (string, error) {
 	id := r.PathValue("id")
+	if what == "session" {
+		return id, coordinator.CheckSession("session id", id)
+	}
 	if !proto.ValidToken(id) {
 		return "", invalid("%s id %q must be 1-64 characters of letters, digits, '_' and '-'.", what, id)
 	}

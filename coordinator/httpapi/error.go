@@ -35,6 +35,8 @@ var statuses = map[string]int{
 	coordinator.EINTERNAL:            http.StatusInternalServerError,
 	coordinator.EUNAVAILABLE:         http.StatusServiceUnavailable,
 	coordinator.EREADONLYUNAVAILABLE: http.StatusServiceUnavailable,
+	coordinator.EOUTPUTBUDGET:        http.StatusServiceUnavailable,
+	coordinator.EDISKLOW:             http.StatusServiceUnavailable,
 }
 
 // errorBody is the API's error shape: {"error": {"code": "...", "message": "..."}}.

@@ -123,4 +123,7 @@ func TestMountedHandlers(t *testing.T) {
 	h.post("/extra", "{}").wantError(t, 401, "unauthorized", "Bearer")
 	h.post("/extra", "{}", "Authorization", "Bearer t", "Origin", "http://evil.example").wantError(t, 403, "forbidden", "Origin")
 	h.post("/extra", "{}", "Authorization", "Bearer t", "Content-Type", "text/plain").wantError(t, 415, "unsupported_media_type", "Content-Type")
+	// The strict JSON checks hold too: an MCP message would otherwise run a rewritten command.
+	h.post("/extra", `{"params":{"arguments":{"command":"echo \udc00"}}}`, "Authorization", "Bearer t").wantError(t, 400, "invalid", "params.arguments.command is not valid UTF-8")
+	h.post("/extra", `{"id":1,"id":2}`, "Authorization", "Bearer t").wantError(t, 400, "invalid", "id is given twice")
 }

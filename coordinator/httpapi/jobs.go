@@ -41,6 +41,9 @@ type startBody struct {
 	// notifications echo it.
 	ToolCallID string `json:"tool_call_id"`
 	ToolUseID  string `json:"tool_use_id"`
+	// TTY runs the job on a pseudo-terminal of TTYSize (default 24×80).
+	TTY     bool         `json:"tty"`
+	TTYSize *ttySizeView `json:"tty_size"`
 }
 
 // startReply is the reply to POST /v1/jobs. Output is the output's bytes (at most its last
@@ -60,7 +63,8 @@ type startReply struct {
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	var b startBody
-	if err := decodeBody(r, &b, false); err != nil {
+	err := decodeBody(r, &b, false)
+	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -70,8 +74,9 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.BlockUntilMS = min(b.BlockUntilMS, coordinator.MaxBlockUntil.Milliseconds())
-	if b.Session == "" {
-		b.Session = r.Header.Get("Sbx-Session")
+	if b.Session, err = session(r, b.Session); err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	switch {
 	case b.ToolCallID == "":
@@ -96,7 +101,12 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	if b.Source != nil {
 		source = &coordinator.Source{WS: b.Source.WS}
 	}
+	var ttySize *coordinator.TTYSize
+	if b.TTYSize != nil {
+		ttySize = &coordinator.TTYSize{Rows: b.TTYSize.Rows, Cols: b.TTYSize.Cols}
+	}
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
+		TTY: b.TTY, TTYSize: ttySize,
 		Source: source, NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
 		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, LingerCgroup: b.LingerCgroup, Stdin: b.Stdin,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
@@ -141,9 +151,15 @@ func (s *Server) handleJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	jobs, err := s.svc.Jobs(r.Context(), coordinator.JobFilter{
-		Session: q.Get("session"), Status: coordinator.Status(q.Get("status")), Limit: int(limit),
-	})
+	// Without a session, every session's jobs: for a scoped token, those of its scope.
+	f := coordinator.JobFilter{Status: coordinator.Status(q.Get("status")), Limit: int(limit), SessionPrefix: scopeOf(r.Context())}
+	if sess := q.Get("session"); sess != "" {
+		if f.Session, err = session(r, sess); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	jobs, err := s.svc.Jobs(r.Context(), f)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -163,6 +179,8 @@ type waitReply struct {
 	// Matched is the text the pattern matched (null without a match), MatchedOffset where it starts.
 	Matched       *string `json:"matched"`
 	MatchedOffset *int64  `json:"matched_offset"`
+	// Port is the port the wait asked for (port=N or any), once the job listens on it; else null.
+	Port *portView `json:"port"`
 }
 
 // handleWait is AwaitShell: it returns when the job ends, when pattern matches its output, or at
@@ -178,14 +196,18 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	var re *regexp.Regexp
+	var cond coordinator.WaitCond
 	if p := r.URL.Query().Get("pattern"); p != "" {
-		if re, err = compilePattern(p); err != nil {
+		if cond.Pattern, err = compilePattern(p); err != nil {
 			s.writeError(w, r, err)
 			return
 		}
 	}
-	res, err := s.svc.Wait(r.Context(), id, time.Duration(timeout)*time.Millisecond, re)
+	if cond.Port, cond.AnyPort, err = waitPort(r); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res, err := s.svc.WaitFor(r.Context(), id, time.Duration(timeout)*time.Millisecond, cond)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -194,7 +216,26 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 	if res.PatternMatched {
 		reply.Matched, reply.MatchedOffset = &res.Matched, &res.MatchedOffset
 	}
+	if res.Port != nil {
+		reply.Port = &portView{Address: res.Port.Address, Port: res.Port.Port}
+	}
 	writeJSON(w, http.StatusOK, reply)
+}
+
+// waitPort reads a wait's port: a TCP port number, or "any".
+func waitPort(r *http.Request) (port int, anyPort bool, err error) {
+	switch p := r.URL.Query().Get("port"); p {
+	case "":
+		return 0, false, nil
+	case "any":
+		return 0, true, nil
+	default:
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return 0, false, invalid("port %q must be a TCP port (1-65535) or any.", p)
+		}
+		return n, false, nil
+	}
 }
 
 // waitTimeout reads a wait's timeout_ms: default coordinator.DefaultWait, clamped to
@@ -380,4 +421,43 @@ func (s *Server) handleStdin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, stdinReply{Written: len(b.Data), Closed: b.Close})
+}
+
+// resizeBody is the body of POST /v1/jobs/{id}/resize: the terminal's new size.
+type resizeBody struct {
+	Rows *int `json:"rows"`
+	Cols *int `json:"cols"`
+}
+
+// handleResize sets the size of a tty job's terminal: 202 with the job, 409 for a job that ended or
+// has no terminal, 400 naming the field for a size out of range.
+func (s *Server) handleResize(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r, "job")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var b resizeBody
+	if err := decodeBody(r, &b, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if b.Rows == nil {
+		s.writeError(w, r, invalid("rows is required."))
+		return
+	}
+	if b.Cols == nil {
+		s.writeError(w, r, invalid("cols is required."))
+		return
+	}
+	if err := s.svc.Resize(r.Context(), id, coordinator.TTYSize{Rows: *b.Rows, Cols: *b.Cols}); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	job, err := s.svc.Job(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, killReply{Job: viewJob(job, time.Now())})
 }

@@ -187,14 +187,75 @@ func TestStartInvalid(t *testing.T) {
 		{"bad shell", `{"command":"ls","cwd":"/","shell":"/bin/zsh"}`, 400, "invalid", "shell"},
 		{"too large body", `{"command":"ls","cwd":"/","title":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "too_large", "body"},
 		{"readonly without runner", `{"command":"ls","cwd":"/","readonly":true}`, 503, "readonly_unavailable", "readonly"},
+		// What encoding/json accepts silently: the command would run rewritten (U+FFFD), or
+		// another than the one a reader of the first field sees.
+		{"invalid UTF-8 command", "{\"command\":\"echo \xff\",\"cwd\":\"/\"}", 400, "invalid", "command is not valid UTF-8"},
+		{"lone surrogate command", `{"command":"echo \ud800","cwd":"/"}`, 400, "invalid", "command is not valid UTF-8"},
+		{"lone low surrogate", `{"command":"echo \udc00\ud800","cwd":"/"}`, 400, "invalid", "command is not valid UTF-8"},
+		{"invalid UTF-8 env value", "{\"command\":\"ls\",\"cwd\":\"/\",\"env\":{\"A\":\"\xc3\"}}", 400, "invalid", "env.A is not valid UTF-8"},
+		{"invalid UTF-8 field name", "{\"command\":\"ls\",\"cwd\":\"/\",\"env\":{\"\xc3\":\"1\"}}", 400, "invalid", "a field name is not valid UTF-8"},
+		{"duplicate command", `{"command":"true","cwd":"/","command":"rm -rf ~"}`, 400, "invalid", "command is given twice"},
+		{"duplicate nested", `{"command":"ls","cwd":"/","limits":{"pids":1,"pids":2}}`, 400, "invalid", "limits.pids is given twice"},
+		{"duplicate env", `{"command":"ls","cwd":"/","env":{"A":"1","A":"2"}}`, 400, "invalid", "env.A is given twice"},
+		{"NUL in title", `{"command":"ls","cwd":"/","title":"a\u0000b"}`, 400, "invalid", "title must be valid UTF-8 without a NUL byte"},
+		{"bad session header", `{"command":"ls","cwd":"/"}`, 0, "", ""}, // below, with its header
 	}
 	for _, tt := range tests {
+		if tt.status == 0 {
+			continue
+		}
 		t.Run(tt.name, func(t *testing.T) {
 			h.post("/v1/jobs", tt.body).wantError(t, tt.status, tt.code, tt.want)
 		})
 	}
+	t.Run("bad session header", func(t *testing.T) {
+		h.post("/v1/jobs", `{"command":"ls","cwd":"/"}`, "Sbx-Session", "../x").wantError(t, 400, "invalid", `Sbx-Session header "../x"`)
+	})
 	if w := h.disp.works(); len(w) != 0 {
 		t.Errorf("invalid requests dispatched %d jobs", len(w))
+	}
+	// The strict checks leave what is valid alone: non-ASCII text, surrogate pairs, escapes.
+	h.heartbeat()
+	r := h.post("/v1/jobs", `{"command":"echo héllo \ud83d\ude00 😀 \\ud800","cwd":`+cwd+`,"title":"naïve"}`)
+	var got startReply
+	if r.decode(t, &got); r.status != http.StatusCreated || got.Job.Title != "naïve" {
+		t.Errorf("valid text refused: status %d: %s", r.status, r.body)
+	}
+	if w := h.disp.works(); len(w) != 1 || w[0].Command != `echo héllo 😀 😀 \ud800` {
+		t.Errorf("dispatched %+v", w)
+	}
+}
+
+// TestSessionChecked: a session is checked the same way wherever it is taken: the body, the
+// header, the query, the path. GET /v1/jobs?session=../x once answered 200.
+func TestSessionChecked(t *testing.T) {
+	h := newHarness(t, httpapi.Config{})
+	for _, tt := range []struct {
+		name         string
+		method, path string
+		body         any
+		header       []string
+		want         string
+	}{
+		{"jobs query", "GET", "/v1/jobs?session=../x", nil, nil, `session "../x"`},
+		{"jobs header", "GET", "/v1/jobs", nil, []string{"Sbx-Session", "a b"}, `Sbx-Session header "a b"`},
+		{"notifications query", "GET", "/v1/notifications?session=../x", nil, nil, `session "../x"`},
+		{"notifications header", "GET", "/v1/notifications", nil, []string{"Sbx-Session", "../x"}, `Sbx-Session header "../x"`},
+		{"stream query", "GET", "/v1/notifications/stream?session=a%00b", nil, nil, `session "a\x00b"`},
+		{"ack body", "POST", "/v1/notifications/ack", map[string]any{"session": "../x", "seq": 0}, nil, `session "../x"`},
+		{"open session body", "POST", "/v1/sessions", map[string]any{"id": "../x"}, nil, `id "../x"`},
+		{"end session path", "DELETE", "/v1/sessions/..%2Fx", nil, nil, `session id "../x"`},
+		{"wait header", "GET", "/v1/jobs/x/wait", nil, []string{"Sbx-Session", "../x"}, `Sbx-Session header "../x"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var r *reply
+			if tt.body != nil {
+				r = h.post(tt.path, tt.body, tt.header...)
+			} else {
+				r = h.do(tt.method, tt.path, nil, tt.header...)
+			}
+			r.wantError(t, 400, "invalid", tt.want)
+		})
 	}
 }
 

@@ -107,6 +107,10 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(&b, "sbx_output_stored_bytes %d\n", st.OutputStored)
 	metric("sbx_output_bytes_total", "counter", "Output bytes written to terminal files.")
 	fmt.Fprintf(&b, "sbx_output_bytes_total %d\n", st.OutputBytes)
+	metric("sbx_output_live_bytes", "gauge", "Output of the jobs not ended; with sbx_output_stored_bytes, held to --output-budget.")
+	fmt.Fprintf(&b, "sbx_output_live_bytes %d\n", st.OutputLive)
+	metric("sbx_wait_scanned_bytes_total", "counter", "Output bytes read to match waits' patterns.")
+	fmt.Fprintf(&b, "sbx_wait_scanned_bytes_total %d\n", st.ScannedBytes)
 
 	codes := s.codes.snapshot()
 	keys := make([]int, 0, len(codes))
@@ -117,6 +121,17 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	metric("sbx_http_requests_total", "counter", "HTTP requests answered, by status code.")
 	for _, k := range keys {
 		fmt.Fprintf(&b, "sbx_http_requests_total{code=\"%s\"} %d\n", strconv.Itoa(k), codes[k])
+	}
+
+	s.mu.Lock()
+	conns := s.conns
+	s.mu.Unlock()
+	if conns != nil {
+		open, refused := conns.counts()
+		metric("sbx_http_connections", "gauge", "HTTP connections open.")
+		fmt.Fprintf(&b, "sbx_http_connections %d\n", open)
+		metric("sbx_http_connections_refused_total", "counter", "HTTP connections closed on accept: past --max-conns or --max-conns-per-client.")
+		fmt.Fprintf(&b, "sbx_http_connections_refused_total %d\n", refused)
 	}
 
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -15,15 +15,24 @@ import (
 // clients see the connection alive.
 const streamKeepAlive = 15 * time.Second
 
-// session is the request's session: the query's or body's, else the Sbx-Session header, else default.
-func session(r *http.Request, given string) string {
-	if given != "" {
-		return given
+// session is the request's session: the query's or body's field (given), else the Sbx-Session
+// header, else default (for a scoped token, its prefix). Each is checked by
+// coordinator.CheckSession, as a path's session id is, and held to the credential's scope.
+func session(r *http.Request, given string) (string, error) {
+	what, id := "session", given
+	switch h := r.Header.Get("Sbx-Session"); {
+	case given != "":
+	case h != "":
+		what, id = "Sbx-Session header", h
+	case scopeOf(r.Context()) != "":
+		return scopeOf(r.Context()), nil
+	default:
+		return coordinator.DefaultSession, nil
 	}
-	if h := r.Header.Get("Sbx-Session"); h != "" {
-		return h
+	if err := coordinator.CheckSession(what, id); err != nil {
+		return "", err
 	}
-	return coordinator.DefaultSession
+	return id, inScope(r, what, id)
 }
 
 // queryAfter parses the optional after parameter; nil when absent (the session's cursor).
@@ -72,7 +81,11 @@ func (s *Server) handleNotifications(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	id := session(r, r.URL.Query().Get("session"))
+	id, err := session(r, r.URL.Query().Get("session"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	s.svc.TouchSession(id)
 	notes, next, err := s.svc.Notifications(r.Context(), coordinator.NotificationQuery{
 		Session: id, After: after, Wait: time.Duration(wait) * time.Millisecond, Limit: int(limit), Format: format,
@@ -110,7 +123,11 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 		}
 		after = &n
 	}
-	id := session(r, r.URL.Query().Get("session"))
+	id, err := session(r, r.URL.Query().Get("session"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	ctx := r.Context()
 	// The first read checks the query before the reply starts.
 	notes, next, err := s.svc.Notifications(ctx, coordinator.NotificationQuery{Session: id, After: after, Format: format})
@@ -173,7 +190,11 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	id := session(r, b.Session)
+	id, err := session(r, b.Session)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	s.svc.TouchSession(id)
 	st, err := s.svc.Ack(r.Context(), id, b.Seq)
 	if err != nil {
@@ -200,6 +221,14 @@ func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
 	}
 	if b.ID == "" {
 		s.writeError(w, r, invalid("id is required: name the session."))
+		return
+	}
+	if err := coordinator.CheckSession("id", b.ID); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := inScope(r, "id", b.ID); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	if maxMS := coordinator.MaxLease.Milliseconds(); b.LeaseMS < 0 || b.LeaseMS > maxMS {

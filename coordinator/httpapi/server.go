@@ -48,6 +48,11 @@ type Config struct {
 	// BodyTimeout bounds how long a client may take to send a request's body (default
 	// DefaultBodyTimeout).
 	BodyTimeout time.Duration
+	// MaxConns bounds the connections open at a time (default DefaultMaxConns), and
+	// MaxConnsPerClient those from one client IP (default DefaultMaxConnsPerClient). A connection
+	// past either is closed at once (connlimit.go).
+	MaxConns          int
+	MaxConnsPerClient int
 	// TLS, when set, makes Open serve HTTPS (and HTTP/2) with it.
 	TLS *tls.Config
 	// Handlers are more routes, as http.ServeMux patterns ("/mcp", "POST /hook/{id}"), served behind
@@ -80,8 +85,9 @@ type Server struct {
 	wg     sync.WaitGroup // the Serve goroutine
 	served chan struct{}  // closed when the Serve goroutine ends
 	mu     sync.Mutex
-	srv    *http.Server // set by Open
-	err    error        // of Serve, other than ErrServerClosed
+	srv    *http.Server   // set by Open
+	conns  *limitListener // set by Open
+	err    error          // of Serve, other than ErrServerClosed
 }
 
 // NewServer returns a Server of svc. It does not listen: see Open, or use Handler.
@@ -91,6 +97,12 @@ func NewServer(svc *coordinator.Service, cfg Config) *Server {
 	}
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxConnsPerClient <= 0 {
+		cfg.MaxConnsPerClient = DefaultMaxConnsPerClient
 	}
 	s := &Server{svc: svc, cfg: cfg, log: cfg.Logger, served: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -104,8 +116,11 @@ func NewServer(svc *coordinator.Service, cfg Config) *Server {
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Open serves the API on ln in a goroutine until Close; call it once. Listening is the caller's job
-// so that an address like 127.0.0.1:0 is known before Open is called.
+// so that an address like 127.0.0.1:0 is known before Open is called. Open bounds ln's connections
+// (Config.MaxConns, Config.MaxConnsPerClient).
 func (s *Server) Open(ln net.Listener) {
+	limited := newLimitListener(ln, s.cfg.MaxConns, s.cfg.MaxConnsPerClient)
+	ln = limited
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: ReadHeaderTimeout,
@@ -116,7 +131,7 @@ func (s *Server) Open(ln net.Listener) {
 		TLSConfig:         s.cfg.TLS,
 	}
 	s.mu.Lock()
-	s.srv = srv
+	s.srv, s.conns = srv, limited
 	s.mu.Unlock()
 	s.wg.Add(1)
 	go func() {
@@ -189,6 +204,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/jobs/{id}/output", s.handleOutput)
 	mux.HandleFunc("POST /v1/jobs/{id}/kill", s.handleKill)
 	mux.HandleFunc("POST /v1/jobs/{id}/stdin", s.handleStdin)
+	mux.HandleFunc("POST /v1/jobs/{id}/resize", s.handleResize)
 	mux.HandleFunc("GET /v1/notifications", s.handleNotifications)
 	mux.HandleFunc("GET /v1/notifications/stream", s.handleStream)
 	mux.HandleFunc("POST /v1/notifications/ack", s.handleAck)
@@ -204,12 +220,25 @@ func (s *Server) routes() http.Handler {
 		mux.Handle(pattern, h)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// Any call carrying a session renews its lease.
+		// Any call carrying a session renews its lease; a session that is no session's id is
+		// refused on every route, as it is where a session is used.
 		if id := r.Header.Get("Sbx-Session"); id != "" {
+			err := coordinator.CheckSession("Sbx-Session header", id)
+			if err == nil {
+				err = inScope(r, "Sbx-Session header", id)
+			}
+			if err != nil {
+				s.writeError(w, r, err)
+				return
+			}
 			s.svc.TouchSession(id)
 		}
 		if _, pattern := mux.Handler(r); pattern == "" || !cleanPath(r.URL.EscapedPath()) {
 			s.notFound(mux, w, r)
+			return
+		}
+		if err := s.checkPathScope(r); err != nil {
+			s.writeError(w, r, err)
 			return
 		}
 		mux.ServeHTTP(w, r)

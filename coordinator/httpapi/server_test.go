@@ -92,6 +92,12 @@ type harness struct {
 
 func newHarness(t *testing.T, cfg httpapi.Config) *harness {
 	t.Helper()
+	return newHarnessWith(t, cfg, coordinator.Config{})
+}
+
+// newHarnessWith is newHarness with the coordinator's settings ccfg.
+func newHarnessWith(t *testing.T, cfg httpapi.Config, ccfg coordinator.Config) *harness {
+	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(dir + "/db")
 	if err != nil {
@@ -104,7 +110,7 @@ func newHarness(t *testing.T, cfg httpapi.Config) *harness {
 	}
 	t.Cleanup(func() { terms.Close() })
 	disp := &fakeDispatcher{}
-	svc, err := coordinator.New(t.Context(), coordinator.Config{}, db, terms, disp)
+	svc, err := coordinator.New(t.Context(), ccfg, db, terms, disp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,6 +368,11 @@ func TestHealth(t *testing.T) {
 	}
 	readyErr = errors.New("NATS is not connected")
 	h.get("/readyz").wantError(t, 503, "unavailable", "NATS is not connected")
+
+	// No job can start on a disk short of free space: not ready, though everything is connected.
+	h = newHarnessWith(t, httpapi.Config{}, coordinator.Config{MinFreeBytes: 1 << 62})
+	h.heartbeat()
+	h.get("/readyz").wantError(t, 503, "unavailable", "--min-free-disk")
 }
 
 func TestRunners(t *testing.T) {

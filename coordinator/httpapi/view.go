@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/proto"
 )
 
 // jobView is the API's job object (API.md "Job object"). It is built from a coordinator.Job rather
@@ -47,6 +48,23 @@ type jobView struct {
 	ToolCallID string `json:"tool_call_id,omitempty"`
 	// LingerCgroup extends API.md's job object: the job lasts until its cgroup is empty.
 	LingerCgroup bool `json:"linger_cgroup"`
+	// TTY and TTYSize: the job runs on a terminal of that size (null without one); Ports are the
+	// TCP addresses its processes listen on ([] when none).
+	TTY     bool         `json:"tty"`
+	TTYSize *ttySizeView `json:"tty_size"`
+	Ports   []portView   `json:"ports"`
+}
+
+// ttySizeView is a terminal's size, in a start's body and in the job object.
+type ttySizeView struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// portView is a TCP address a job listens on.
+type portView struct {
+	Address string `json:"address"`
+	Port    int    `json:"port"`
 }
 
 // sourceView is a job's source, in a start's body and in the job object.
@@ -119,6 +137,16 @@ func viewJob(j *coordinator.Job, now time.Time) *jobView {
 		v.NotifyOnOutput = &notifyView{Pattern: n.Pattern, Reason: n.Reason, DebounceMS: n.DebounceMS}
 	}
 	v.Monitor, v.Persistent, v.ToolCallID, v.LingerCgroup = j.Monitor, j.Persistent, j.ToolCallID, j.LingerCgroup
+	v.TTY, v.Ports = j.TTY, make([]portView, 0, len(j.Ports))
+	if j.TTY {
+		v.TTYSize = &ttySizeView{Rows: proto.DefaultTTYRows, Cols: proto.DefaultTTYCols}
+		if j.TTYSize != nil {
+			v.TTYSize = &ttySizeView{Rows: j.TTYSize.Rows, Cols: j.TTYSize.Cols}
+		}
+	}
+	for _, p := range j.Ports {
+		v.Ports = append(v.Ports, portView{Address: p.Address, Port: p.Port})
+	}
 	return v
 }
 

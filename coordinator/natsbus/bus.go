@@ -4,6 +4,8 @@ package natsbus
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,7 +40,17 @@ type Config struct {
 	// MaxWorkConsumers bounds the work consumers the coordinator creates (512): a runner names its
 	// pool in its heartbeats, and a runner's creds must not make the coordinator create them without end.
 	MaxWorkConsumers int
-	Logger           *slog.Logger
+	// MaxPoolsPerRunner bounds the pools one runner may name in its heartbeats within
+	// WorkConsumerIdle (4): a heartbeat naming one more is dropped and counted as forged. Runner
+	// creds minted for a pool name only it; creds for any pool are held to this bound.
+	MaxPoolsPerRunner int
+	// WorkConsumerIdle is how long a pool's work consumers stay once no runner's heartbeat and no
+	// dispatch names the pool (10 min); then they are removed (the queued work stays).
+	WorkConsumerIdle time.Duration
+	// EventMaxAge bounds how long an event stays in the event stream unconsumed (7 days): whatever
+	// the coordinator cannot apply by then is dropped rather than kept for ever.
+	EventMaxAge time.Duration
+	Logger      *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -63,6 +75,15 @@ func (c *Config) setDefaults() {
 	if c.MaxWorkConsumers == 0 {
 		c.MaxWorkConsumers = 512
 	}
+	if c.MaxPoolsPerRunner == 0 {
+		c.MaxPoolsPerRunner = 4
+	}
+	if c.WorkConsumerIdle == 0 {
+		c.WorkConsumerIdle = 10 * time.Minute
+	}
+	if c.EventMaxAge == 0 {
+		c.EventMaxAge = 7 * 24 * time.Hour
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -75,10 +96,40 @@ type Bus struct {
 	js     jetstream.JetStream
 	work   jetstream.Stream
 	events jetstream.Stream
+	// workKey is the key of the work stream's ingest subjects (proto.WorkIngest).
+	workKey string
 
 	// ensured holds when each work consumer was last made sure of (ensureWork).
 	mu      sync.Mutex
 	ensured map[string]time.Time
+	// dispatchFailed is when the last Dispatch failed, with dispatchErr, zero once one succeeded
+	// since: Ready reports it for a while (dispatchFailReported).
+	dispatchFailed time.Time
+	dispatchErr    error
+	// pools are the pools runners and dispatches named, for the bound per runner and the removal of
+	// idle pools' consumers.
+	pools *pools
+}
+
+// dispatchFailReported is how long Ready reports a failed Dispatch that no success followed. A
+// stream can refuse writes while it answers every question about itself (its storage failing:
+// "too many open files"); only a publish tells. It is not reported forever, so that one failure
+// with no traffic after it does not keep a coordinator unready.
+const dispatchFailReported = 30 * time.Second
+
+// noteDispatch records the outcome of a Dispatch for Ready. A caller that went away says nothing of
+// the stream.
+func (b *Bus) noteDispatch(err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err == nil {
+		b.dispatchFailed, b.dispatchErr = time.Time{}, nil
+		return
+	}
+	b.dispatchFailed, b.dispatchErr = time.Now(), err
 }
 
 var _ coordinator.Dispatcher = (*Bus)(nil)
@@ -102,9 +153,17 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	key, err := workKey(ctx, js)
+	if err != nil {
+		return nil, err
+	}
 	work, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:       proto.WorkStream,
-		Subjects:   []string{proto.WorkSubjects},
+		Name:     proto.WorkStream,
+		Subjects: []string{proto.WorkIngestSubjects(key)},
+		SubjectTransform: &jetstream.SubjectTransformConfig{
+			Source:      proto.WorkIngestSubjects(key),
+			Destination: proto.WorkSubjects,
+		},
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.FileStorage,
 		Replicas:   cfg.Replicas,
@@ -123,6 +182,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		Storage:    jetstream.FileStorage,
 		Replicas:   cfg.Replicas,
 		MaxBytes:   cfg.EventBytes,
+		MaxAge:     cfg.EventMaxAge,
 		MaxMsgSize: proto.MaxMessageBytes,
 		Discard:    jetstream.DiscardNew,
 		Duplicates: 2 * time.Minute,
@@ -130,13 +190,62 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create stream %s: %w", proto.EventStream, err)
 	}
-	return &Bus{cfg: cfg, nc: nc, js: js, work: work, events: events, ensured: map[string]time.Time{}}, nil
+	return &Bus{
+		cfg: cfg, nc: nc, js: js, work: work, events: events, workKey: key, ensured: map[string]time.Time{},
+		pools: newPools(cfg.MaxPoolsPerRunner, cfg.WorkConsumerIdle, time.Now()),
+	}, nil
 }
 
-// Ready reports whether the NATS connection is up.
-func (b *Bus) Ready(context.Context) error {
+// workKey returns the key of the work stream's ingest subjects (proto.WorkIngest): the one its
+// configuration holds, or a new random one for a stream to be made, or made over from the time it
+// took in its work subjects themselves. Coordinators started together on a new stream may each
+// make one, and the last to configure the stream wins: start the first coordinator alone.
+func workKey(ctx context.Context, js jetstream.JetStream) (string, error) {
+	s, err := js.Stream(ctx, proto.WorkStream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+	case err != nil:
+		return "", fmt.Errorf("stream %s: %w", proto.WorkStream, err)
+	default:
+		for _, subjects := range s.CachedInfo().Config.Subjects {
+			if key, ok := proto.WorkKeyOf(subjects); ok {
+				return key, nil
+			}
+		}
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("work key: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// Ready reports whether jobs can be submitted: the NATS connection is up, JetStream answers and is
+// enabled for the account (a server whose storage failed, for instance on "too many open files",
+// disables it while the connection stays up), both streams answer, the work stream has room, and
+// the last job submission did not fail (recently, with no success since).
+func (b *Bus) Ready(ctx context.Context) error {
 	if !b.nc.IsConnected() {
-		return coordinator.Errorf(coordinator.EUNAVAILABLE, "NATS is not connected (%s).", b.nc.Status())
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "NATS is not connected (%s)", b.nc.Status())
+	}
+	if _, err := b.js.AccountInfo(ctx); err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "JetStream is not usable: %v", err)
+	}
+	work, err := b.work.Info(ctx)
+	if err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the work stream %s does not answer: %v", proto.WorkStream, err)
+	}
+	if max := work.Config.MaxMsgs; max > 0 && int64(work.State.Msgs) >= max {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the work stream %s is full (%d queued jobs): no job can be submitted", proto.WorkStream, work.State.Msgs)
+	}
+	if _, err := b.events.Info(ctx); err != nil {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the event stream %s does not answer: %v", proto.EventStream, err)
+	}
+	b.mu.Lock()
+	failed, ferr := b.dispatchFailed, b.dispatchErr
+	b.mu.Unlock()
+	if !failed.IsZero() && time.Since(failed) < dispatchFailReported {
+		return coordinator.Errorf(coordinator.EUNAVAILABLE, "the last job submission failed %s ago, and none succeeded since: %v", time.Since(failed).Round(time.Second), ferr)
 	}
 	return nil
 }
@@ -150,16 +259,18 @@ func (b *Bus) Ready(context.Context) error {
 // published again, which the stream's de-duplication answers with the first copy's sequence, and that
 // sequence is withdrawn. Withdrawn: the start is refused; already taken by a runner: the job runs and
 // Dispatch succeeds. When even that fails, the work's NotAfter keeps it from starting unconfirmed.
-func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (uint64, error) {
+func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (seq uint64, err error) {
+	defer func() { b.noteDispatch(err) }()
 	capability := proto.CapPlain
 	if w.Readonly {
 		capability = proto.CapReadonly
 	}
+	b.pools.dispatched(w.Pool, time.Now())
 	if err := b.ensureConsumer(ctx, w.Pool, capability); err != nil {
 		return 0, err
 	}
 	w.NotAfter = time.Now().Add(b.cfg.PublishTimeout).UnixMilli()
-	msg := &nats.Msg{Subject: proto.WorkSubject(w.Pool, capability), Data: proto.Encode(w), Header: nats.Header{}}
+	msg := &nats.Msg{Subject: proto.WorkIngest(b.workKey, w.Pool, capability), Data: proto.Encode(w), Header: nats.Header{}}
 	msg.Header.Set(proto.HeaderVersion, fmt.Sprint(proto.Version))
 	pctx, cancel := context.WithTimeout(ctx, b.cfg.PublishTimeout)
 	ack, err := b.js.PublishMsg(pctx, msg, jetstream.WithMsgID(w.JobID))

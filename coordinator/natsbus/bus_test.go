@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +38,17 @@ func startNATS(t *testing.T) *nats.Conn {
 	return nc
 }
 
+// connectRunner connects to nc's server as runner id does: with the runner's inbox prefix.
+func connectRunner(t *testing.T, nc *nats.Conn, id string) *nats.Conn {
+	t.Helper()
+	rc, err := nats.Connect(nc.ConnectedUrl(), nats.CustomInboxPrefix(proto.RunnerInbox(id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close)
+	return rc
+}
+
 // coordinatorLife is one life of a coordinator: its store, bus and service, consuming until stop.
 type coordinatorLife struct {
 	svc  *coordinator.Service
@@ -52,6 +64,12 @@ func startCoordinator(t *testing.T, nc *nats.Conn, dir string) *coordinatorLife 
 // startCoordinatorWith starts a life whose consumer feeds the handler wrap makes of the service.
 func startCoordinatorWith(t *testing.T, nc *nats.Conn, dir string, wrap func(*coordinator.Service) Handler) *coordinatorLife {
 	t.Helper()
+	return startCoordinatorConfig(t, nc, dir, Config{}, wrap)
+}
+
+// startCoordinatorConfig starts a life whose bus has cfg.
+func startCoordinatorConfig(t *testing.T, nc *nats.Conn, dir string, cfg Config, wrap func(*coordinator.Service) Handler) *coordinatorLife {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	db, err := store.Open(filepath.Join(dir, "sbx.db"))
 	if err != nil {
@@ -61,7 +79,7 @@ func startCoordinatorWith(t *testing.T, nc *nats.Conn, dir string, wrap func(*co
 	if err != nil {
 		t.Fatal(err)
 	}
-	bus, err := New(ctx, nc, Config{})
+	bus, err := New(ctx, nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +314,7 @@ func TestForgedHeartbeat(t *testing.T) {
 			break // the assertions below say which one was missed
 		}
 		for _, hb := range []*proto.Heartbeat{forged, &honest} {
-			if err := nc.Publish(proto.HeartbeatSubject("r2"), proto.Encode(hb)); err != nil {
+			if err := nc.Publish(proto.HeartbeatSubject("r2", "default"), proto.Encode(hb)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -437,9 +455,10 @@ func TestConfirmStart(t *testing.T) {
 	if lo, hi := before.Add(c.bus.cfg.PublishTimeout).UnixMilli(), time.Now().Add(c.bus.cfg.PublishTimeout).UnixMilli(); w.NotAfter < lo || w.NotAfter > hi {
 		t.Fatalf("not_after %d, want the publish deadline in [%d, %d]", w.NotAfter, lo, hi)
 	}
+	rc := connectRunner(t, nc, "r1")
 	ask := func() string {
 		t.Helper()
-		m, err := nc.Request(proto.ConfirmSubject, proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}), 5*time.Second)
+		m, err := rc.Request(proto.ConfirmSubject("r1"), proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpConfirm, JobID: id}), 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -525,4 +544,103 @@ func TestCrashRecovery(t *testing.T) {
 	if took > 5*time.Second {
 		t.Fatalf("the job ended %s after the restart, want under 5 s", took)
 	}
+}
+
+// TestReadyChecksJetStream: Ready fails while the connection is up but jobs cannot be submitted:
+// JetStream disabled (as a server does when its storage fails: "too many open files"), or the work
+// stream gone. It once checked the connection alone, and /readyz said ok while no job could start.
+func TestReadyChecksJetStream(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		breakIt func(t *testing.T, ns *server.Server, js jetstream.JetStream)
+		want    string
+	}{
+		{"jetstream disabled", func(t *testing.T, ns *server.Server, _ jetstream.JetStream) {
+			if err := ns.DisableJetStream(); err != nil {
+				t.Fatal(err)
+			}
+		}, "JetStream is not usable"},
+		{"work stream gone", func(t *testing.T, _ *server.Server, js jetstream.JetStream) {
+			if err := js.DeleteStream(t.Context(), proto.WorkStream); err != nil {
+				t.Fatal(err)
+			}
+		}, "work stream"},
+		{"work stream refuses writes", func(t *testing.T, _ *server.Server, js jetstream.JetStream) {
+			// The stream answers every question about itself, but no job fits in it any more.
+			cfg := workStreamConfig(t, js)
+			cfg.MaxMsgSize = 16
+			if _, err := js.UpdateStream(t.Context(), cfg); err != nil {
+				t.Fatal(err)
+			}
+		}, "last job submission failed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns.Start()
+			t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+			if !ns.ReadyForConnections(10 * time.Second) {
+				t.Fatal("nats did not start")
+			}
+			nc, err := nats.Connect(ns.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			bus, err := New(t.Context(), nc, Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := bus.Ready(t.Context()); err != nil {
+				t.Fatalf("Ready on a working server: %v", err)
+			}
+			work := func(id string) *proto.Work {
+				return &proto.Work{V: proto.Version, JobID: id, Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"}
+			}
+			if _, err := bus.Dispatch(t.Context(), work("ok1")); err != nil {
+				t.Fatal(err)
+			}
+			tt.breakIt(t, ns, bus.js)
+			if _, err := bus.Dispatch(t.Context(), work("broken1")); err == nil {
+				t.Fatal("a job was queued on a broken server")
+			}
+			err = bus.Ready(t.Context())
+			if !nc.IsConnected() {
+				t.Fatal("the connection dropped: the test checks a connected bus")
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Ready = %v, want an error naming %q", err, tt.want)
+			}
+			if tt.name != "work stream refuses writes" {
+				return
+			}
+			// Repaired: the next job is queued, and Ready says so at once.
+			cfg := workStreamConfig(t, bus.js)
+			cfg.MaxMsgSize = proto.MaxMessageBytes
+			if _, err := bus.js.UpdateStream(t.Context(), cfg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := bus.Dispatch(t.Context(), work("ok2")); err != nil {
+				t.Fatal(err)
+			}
+			if err := bus.Ready(t.Context()); err != nil {
+				t.Fatalf("Ready after a job was queued again: %v", err)
+			}
+		})
+	}
+}
+
+func workStreamConfig(t *testing.T, js jetstream.JetStream) jetstream.StreamConfig {
+	t.Helper()
+	st, err := js.Stream(t.Context(), proto.WorkStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Config
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,13 +29,15 @@ type Handler interface {
 // ErrConsumerGone is returned by Consume when the coordinator's event consumer was deleted under it.
 var ErrConsumerGone = errors.New("natsbus: the event consumer is gone")
 
-// Consume feeds every event of the event stream and every heartbeat to h, and answers the runners'
-// start confirmations (proto.ConfirmSubject), until ctx ends. An event is
+// Consume feeds every event of the event stream and every heartbeat to h, answers the runners'
+// start confirmations (proto.ConfirmSubject), forwards their pulls for work (proto.PullPrefix) and
+// removes the work consumers of pools no runner names any more, until ctx ends. An event is
 // acked only after h stored it; one h cannot place yet is redelivered shortly; one that does not
-// decode, or is forged, is logged and terminated. A heartbeat counts only from the runner its subject
-// names (with NATS auth, the one that published it). Each heartbeat also makes sure the work
-// consumers of the runner's pool exist: runners bind to them but may not create them. Consume returns
-// an error when the event consumer is deleted or its iterator stops while ctx lives.
+// decode, or is forged, is logged and terminated. A heartbeat counts only from the runner and for
+// the pool its subject names (with NATS auth, the runner that published it, and a pool its creds
+// name), and for at most MaxPoolsPerRunner pools a runner. Each heartbeat also makes sure the work
+// consumers of the runner's pool exist: runners bind to them but may not create them. Consume
+// returns an error when the event consumer is deleted or its iterator stops while ctx lives.
 func (b *Bus) Consume(ctx context.Context, h Handler) error {
 	sub, err := b.nc.Subscribe(proto.HeartbeatSubjects, func(m *nats.Msg) {
 		hb, err := proto.DecodeHeartbeat(m.Data)
@@ -42,9 +45,14 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 			b.cfg.Logger.Warn("bad heartbeat", "subject", m.Subject, "err", err)
 			return
 		}
-		if from, _ := proto.RunnerFromHeartbeat(m.Subject); from != hb.Runner {
-			err := h.Forged(coordinator.ForgedHeartbeat, fmt.Sprintf("a heartbeat on %s names runner %s", m.Subject, hb.Runner))
+		if from, pool, _ := proto.ParseHeartbeatSubject(m.Subject); from != hb.Runner || pool != hb.Pool {
+			err := h.Forged(coordinator.ForgedHeartbeat, fmt.Sprintf("a heartbeat on %s names runner %s of pool %s", m.Subject, hb.Runner, hb.Pool))
 			b.cfg.Logger.Error("dropping forged heartbeat", "subject", m.Subject, "err", err)
+			return
+		}
+		if !b.pools.name(hb.Runner, hb.Pool, time.Now()) {
+			err := h.Forged(coordinator.ForgedHeartbeat, fmt.Sprintf("runner %s named pool %s past its %d pools", hb.Runner, hb.Pool, b.cfg.MaxPoolsPerRunner))
+			b.cfg.Logger.Error("dropping heartbeat of a pool too many", "subject", m.Subject, "err", err)
 			return
 		}
 		b.ensureWork(ctx, hb.Pool, hb.Readonly)
@@ -54,7 +62,12 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 		return fmt.Errorf("subscribe heartbeats: %w", err)
 	}
 	defer sub.Unsubscribe()
-	confirm, err := b.nc.Subscribe(proto.ConfirmSubject, func(m *nats.Msg) {
+	confirm, err := b.nc.Subscribe(proto.ConfirmSubjects, func(m *nats.Msg) {
+		runner, _ := proto.RunnerFromConfirm(m.Subject)
+		if !inInbox(m.Reply, runner) {
+			b.cfg.Logger.Error("dropping a confirmation whose reply is not its runner's inbox", "subject", m.Subject, "reply", m.Reply)
+			return
+		}
 		reply := &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}
 		c, err := proto.DecodeControl(m.Data)
 		switch {
@@ -73,6 +86,17 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 		return fmt.Errorf("subscribe confirmations: %w", err)
 	}
 	defer confirm.Unsubscribe()
+	pull, err := b.nc.QueueSubscribe(proto.PullSubjects, queueGroup, b.forwardPull)
+	if err != nil {
+		return fmt.Errorf("subscribe pulls: %w", err)
+	}
+	defer pull.Unsubscribe()
+	var sweeping sync.WaitGroup
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	sweeping.Add(1)
+	go func() { defer sweeping.Done(); b.sweepWork(sweepCtx) }()
+	defer sweeping.Wait()
+	defer stopSweep()
 
 	// The deliveries a crashed coordinator left unacked would wait out their AckWait (30 s) before
 	// being delivered again, holding jobs `running` after their exit. There is one coordinator: at its
@@ -82,8 +106,8 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 		return fmt.Errorf("reset consumer %s: %w", proto.EventConsumer, err)
 	}
 	cons, err := b.js.CreateOrUpdateConsumer(ctx, proto.EventStream, jetstream.ConsumerConfig{
+		// No filter: whatever the stream holds is applied or terminated, never left behind.
 		Durable:       proto.EventConsumer,
-		FilterSubject: proto.EventSubjects,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       30 * time.Second,
 		MaxAckPending: 20_000,

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -102,7 +103,8 @@ func (d *DB) Jobs(_ context.Context, f coordinator.JobFilter) ([]*coordinator.Jo
 			if err != nil {
 				return err
 			}
-			if (f.Session != "" && job.Session != f.Session) || (f.Status != "" && job.Status != f.Status) {
+			if (f.Session != "" && job.Session != f.Session) || (f.Status != "" && job.Status != f.Status) ||
+				!strings.HasPrefix(job.Session, f.SessionPrefix) {
 				continue
 			}
 			jobs = append(jobs, job)

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbx-dev/sbx/coordinator"
 )
 
@@ -343,4 +345,14 @@ func (t *Terminals) Open(id string, offset, limit int64) (io.ReadCloser, error) 
 type readCloser struct {
 	io.Reader
 	io.Closer
+}
+
+// FreeBytes is the space left on the file system of the terminal files, as an unprivileged
+// process sees it (root's reserve not counted): what the coordinator's output can still use.
+func (t *Terminals) FreeBytes() (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(t.dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", t.dir, err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
 }

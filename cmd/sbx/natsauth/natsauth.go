@@ -5,6 +5,9 @@ package natsauth
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -31,6 +34,11 @@ const (
 	ServerConfigFile = "nats-auth.conf"
 	// CoordinatorCredsFile is the coordinator's credentials.
 	CoordinatorCredsFile = "coordinator.creds"
+	// RevocationsFile lists the revoked users (public key → unix time: creds issued up to then are
+	// refused), which the account JWT carries.
+	RevocationsFile = "revocations.json"
+	// OperatorJWTFile keeps the operator JWT, which must not change under a running server.
+	OperatorJWTFile = "operator.jwt"
 )
 
 // Name is the name of the sbx account and the prefix of the operator's.
@@ -49,6 +57,9 @@ var ErrNoAuthority = errors.New("natsauth: no account key")
 // only the account key was loaded (LoadAccount): then it mints users but no server configuration.
 type Authority struct {
 	operator, account, system nkeys.KeyPair
+	// dir is the authority's directory ("" when only the account key was loaded): its
+	// RevocationsFile goes into the account JWT.
+	dir string
 }
 
 // Open loads the authority kept in dir, creating it (dir 0700, files 0600) on first use.
@@ -59,7 +70,7 @@ func Open(dir string) (*Authority, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("auth dir: %w", err)
 	}
-	a := &Authority{}
+	a := &Authority{dir: dir}
 	for _, k := range []struct {
 		file   string
 		prefix nkeys.PrefixByte
@@ -178,21 +189,56 @@ func publicKey(kp nkeys.KeyPair) string {
 	return pub
 }
 
+// operatorJWT returns the operator JWT, made once and kept in OperatorJWTFile: a NATS server refuses
+// to reload a configuration whose operator changed, and each encoding is another (its issue time),
+// so revoking (which rewrites the account JWT) keeps the operator's.
+func (a *Authority) operatorJWT() (*jwt.OperatorClaims, string, error) {
+	if a.dir != "" {
+		b, err := os.ReadFile(filepath.Join(a.dir, OperatorJWTFile))
+		if err == nil {
+			token := strings.TrimSpace(string(b))
+			op, err := jwt.DecodeOperatorClaims(token)
+			if err == nil && op.Subject == publicKey(a.operator) && op.SystemAccount == publicKey(a.system) {
+				return op, token, nil
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, "", fmt.Errorf("operator jwt: %w", err)
+		}
+	}
+	op := jwt.NewOperatorClaims(publicKey(a.operator))
+	op.Name = Name + "-operator"
+	op.SystemAccount = publicKey(a.system)
+	token, err := op.Encode(a.operator)
+	if err != nil {
+		return nil, "", fmt.Errorf("operator jwt: %w", err)
+	}
+	if a.dir != "" {
+		if err := WriteSecret(filepath.Join(a.dir, OperatorJWTFile), []byte(token+"\n")); err != nil {
+			return nil, "", fmt.Errorf("operator jwt: %w", err)
+		}
+	}
+	return op, token, nil
+}
+
 // jwts mints the operator JWT and the JWTs of the sbx and system accounts.
 func (a *Authority) jwts() (op *jwt.OperatorClaims, opJWT, accJWT, sysJWT string, err error) {
 	if a.operator == nil {
 		return nil, "", "", "", errors.New("natsauth: the operator key was not loaded")
 	}
-	op = jwt.NewOperatorClaims(publicKey(a.operator))
-	op.Name = Name + "-operator"
-	op.SystemAccount = publicKey(a.system)
-	if opJWT, err = op.Encode(a.operator); err != nil {
-		return nil, "", "", "", fmt.Errorf("operator jwt: %w", err)
+	if op, opJWT, err = a.operatorJWT(); err != nil {
+		return nil, "", "", "", err
 	}
 	acc := jwt.NewAccountClaims(publicKey(a.account))
 	acc.Name = Name
 	// JetStream on, bounded by the server's own limits.
 	acc.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+	revoked, err := a.revocations()
+	if err != nil {
+		return nil, "", "", "", err
+	}
+	for pub, at := range revoked {
+		acc.RevokeAt(pub, time.Unix(at, 0))
+	}
 	if accJWT, err = acc.Encode(a.operator); err != nil {
 		return nil, "", "", "", fmt.Errorf("account jwt: %w", err)
 	}
@@ -254,26 +300,28 @@ func CoordinatorPermissions() jwt.Permissions {
 
 // RunnerInboxPrefix is the inbox prefix of runner id (nats.CustomInboxPrefix): a runner subscribes to
 // its own inbox only, so no runner reads another's replies.
-func RunnerInboxPrefix(id string) string { return "_INBOX_" + id }
+func RunnerInboxPrefix(id string) string { return proto.RunnerInbox(id) }
 
 // RunnerPermissions hold runner id to its own subjects. It publishes its events (JetStream publishes
-// are plain publishes with a reply to its inbox) and heartbeats, binds to and pulls from the work
-// consumers and acks what it took, and asks the coordinator to confirm the start of expired work
-// (proto.ConfirmSubject); it subscribes to its control subject, micro discovery and its inbox, and
-// answers the requests it gets. It cannot publish work, read the work or event subjects,
-// publish another runner's events or heartbeats, or create, change or delete streams and consumers.
-// With a pool, it reaches only that pool's work consumers; "" allows every pool's.
+// are plain publishes with a reply to its inbox) and heartbeats for its pools, binds to and pulls
+// from its pools' work consumers through the coordinator (proto.PullPrefix) and acks what it took,
+// and asks the coordinator to confirm the start of expired work (proto.ConfirmSubject); it
+// subscribes to its control subject, micro discovery and its inbox, and answers the requests it
+// gets. It cannot publish work, read the work or event subjects, publish another runner's events or
+// heartbeats, name a pool its creds do not in a heartbeat, send any request to the JetStream API
+// (whose replies and deliveries it could aim at a stream), or create, change or delete streams and
+// consumers. With a pool, it reaches only that pool; "" allows every pool.
 func RunnerPermissions(id, pool string) jwt.Permissions {
 	ws := proto.WorkStream
-	consumers := []string{"*"}
+	consumers, pools := []string{"*"}, "*"
 	if pool != "" {
-		consumers = []string{proto.WorkConsumer(pool, proto.CapPlain), proto.WorkConsumer(pool, proto.CapReadonly)}
+		consumers, pools = []string{proto.WorkConsumer(pool, proto.CapPlain), proto.WorkConsumer(pool, proto.CapReadonly)}, pool
 	}
-	pub := []string{proto.RunnerEventSubjects(id), proto.HeartbeatSubject(id), proto.ConfirmSubject}
+	pub := []string{proto.RunnerEventSubjects(id), proto.HeartbeatSubject(id, pools), proto.ConfirmSubject(id)}
 	for _, c := range consumers {
 		pub = append(pub,
-			"$JS.API.CONSUMER.INFO."+ws+"."+c,
-			"$JS.API.CONSUMER.MSG.NEXT."+ws+"."+c,
+			proto.PullPrefix(id)+".CONSUMER.INFO."+ws+"."+c,
+			proto.PullPrefix(id)+".CONSUMER.MSG.NEXT."+ws+"."+c,
 			"$JS.ACK."+ws+"."+c+".>",
 		)
 	}
@@ -282,38 +330,138 @@ func RunnerPermissions(id, pool string) jwt.Permissions {
 		Sub: jwt.Permission{Allow: []string{
 			proto.ControlSubject(id),
 			"$SRV.>",
-			RunnerInboxPrefix(id) + ".>",
+			proto.RunnerInbox(id) + ".>",
 		}},
 		Resp: &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
 	}
 }
 
-// CoordinatorCreds mints the coordinator's credentials file.
+// CoordinatorCreds mints the coordinator's credentials file, with a fresh key each time: minting new
+// ones and revoking the old (RevokeCreds) rotates them.
 func (a *Authority) CoordinatorCreds() ([]byte, error) {
-	return a.user(CoordinatorUser, CoordinatorPermissions())
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	return a.user(kp, CoordinatorUser, CoordinatorPermissions(), 0)
 }
 
-// RunnerCreds mints the credentials file of runner id, limited to the work of pool ("": any pool).
-func (a *Authority) RunnerCreds(id, pool string) ([]byte, error) {
+// RunnerCreds mints the credentials file of runner id, limited to the work of pool ("": any pool),
+// valid for ttl (0: no expiry).
+func (a *Authority) RunnerCreds(id, pool string, ttl time.Duration) ([]byte, error) {
 	if !proto.ValidToken(id) {
 		return nil, fmt.Errorf("runner id %q must be 1-64 characters of letters, digits, '_' and '-'", id)
 	}
 	if pool != "" && !proto.ValidToken(pool) {
 		return nil, fmt.Errorf("pool %q must be 1-64 characters of letters, digits, '_' and '-'", pool)
 	}
-	return a.user(runnerUserPrefix+id, RunnerPermissions(id, pool))
-}
-
-// user mints a user of the sbx account with a fresh key and returns its credentials file (the
-// user JWT and its seed).
-func (a *Authority) user(name string, perms jwt.Permissions) ([]byte, error) {
-	kp, err := nkeys.CreateUser()
+	kp, err := a.runnerKey(id)
 	if err != nil {
 		return nil, err
 	}
+	return a.user(kp, runnerUserPrefix+id, RunnerPermissions(id, pool), ttl)
+}
+
+// runnerKey is the user key of runner id: derived from the account key and the id, so that every
+// creds minted for the runner share one public key, which RevokeRunner revokes.
+func (a *Authority) runnerKey(id string) (nkeys.KeyPair, error) {
+	seed, err := a.account.Seed()
+	if err != nil {
+		return nil, err
+	}
+	mac := hmac.New(sha256.New, seed)
+	mac.Write([]byte("sbx runner user\x00" + id))
+	return nkeys.FromRawSeed(nkeys.PrefixByteUser, mac.Sum(nil))
+}
+
+// RunnerPublicKey is the public key of runner id's user.
+func (a *Authority) RunnerPublicKey(id string) (string, error) {
+	kp, err := a.runnerKey(id)
+	if err != nil {
+		return "", err
+	}
+	return kp.PublicKey()
+}
+
+// revocations reads the RevocationsFile of the authority's directory.
+func (a *Authority) revocations() (map[string]int64, error) {
+	revoked := map[string]int64{}
+	if a.dir == "" {
+		return revoked, nil
+	}
+	b, err := os.ReadFile(filepath.Join(a.dir, RevocationsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return revoked, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("revocations: %w", err)
+	}
+	if err := json.Unmarshal(b, &revoked); err != nil {
+		return nil, fmt.Errorf("revocations: %s: %w", filepath.Join(a.dir, RevocationsFile), err)
+	}
+	return revoked, nil
+}
+
+// Revoke revokes the user whose public key is pub: creds of it issued up to at are refused once the
+// NATS server has the account JWT that ServerConfig (or Configure) now makes.
+func (a *Authority) Revoke(pub string, at time.Time) error {
+	if a.dir == "" || a.operator == nil {
+		return errors.New("natsauth: revoking needs the authority's directory with its operator key")
+	}
+	if !nkeys.IsValidPublicUserKey(pub) {
+		return fmt.Errorf("%q is not a user's public key", pub)
+	}
+	revoked, err := a.revocations()
+	if err != nil {
+		return err
+	}
+	revoked[pub] = at.Unix()
+	b, err := json.MarshalIndent(revoked, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteSecret(filepath.Join(a.dir, RevocationsFile), append(b, '\n'))
+}
+
+// UserOf returns the public key of a credentials file's user.
+func UserOf(creds []byte) (string, error) {
+	token, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return "", fmt.Errorf("credentials: %w", err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return "", fmt.Errorf("credentials: %w", err)
+	}
+	return uc.Subject, nil
+}
+
+// Lifetime returns when a credentials file was issued and when it expires (zero: never).
+func Lifetime(creds []byte) (issued, expires time.Time, err error) {
+	token, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return time.Time{}, time.Time{}, fmt.Errorf("credentials: %w", err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return time.Time{}, time.Time{}, fmt.Errorf("credentials: %w", err)
+	}
+	issued = time.Unix(uc.IssuedAt, 0)
+	if uc.Expires != 0 {
+		expires = time.Unix(uc.Expires, 0)
+	}
+	return issued, expires, nil
+}
+
+// user mints a user of the sbx account with key kp, valid for ttl (0: no expiry), and returns its
+// credentials file (the user JWT and its seed).
+func (a *Authority) user(kp nkeys.KeyPair, name string, perms jwt.Permissions, ttl time.Duration) ([]byte, error) {
 	uc := jwt.NewUserClaims(publicKey(kp))
 	uc.Name = name
 	uc.Permissions = perms
+	if ttl > 0 {
+		uc.Expires = time.Now().Add(ttl).Unix()
+	}
 	token, err := uc.Encode(a.account)
 	if err != nil {
 		return nil, fmt.Errorf("user jwt: %w", err)
@@ -341,6 +489,29 @@ func RunnerOf(creds []byte) (string, error) {
 		return "", nil
 	}
 	return id, nil
+}
+
+// PoolOf returns the pool a runner's credentials file is limited to ("" for any pool, or for creds
+// that are not a runner's): the last token of the heartbeat subject it may publish.
+func PoolOf(creds []byte) (string, error) {
+	id, err := RunnerOf(creds)
+	if err != nil || id == "" {
+		return "", err
+	}
+	token, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return "", fmt.Errorf("credentials: %w", err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return "", fmt.Errorf("credentials: %w", err)
+	}
+	for _, subject := range uc.Pub.Allow {
+		if rid, pool, ok := proto.ParseHeartbeatSubject(subject); ok && rid == id {
+			return pool, nil
+		}
+	}
+	return "", nil
 }
 
 // Split returns the user JWT and seed of a credentials file, for an in-process connection.

@@ -176,6 +176,13 @@ func TestRunnerPermissions(t *testing.T) {
 	if _, err := cjs.Publish(ctx, proto.WorkSubject("default", proto.CapPlain), []byte("job")); err != nil {
 		t.Fatalf("the coordinator cannot queue work: %v", err)
 	}
+	// The coordinator forwards pulls to JetStream (natsbus.Bus.forwardPull, which checks the reply).
+	if _, err := coord.Subscribe(proto.PullSubjects, func(m *nats.Msg) {
+		_, api, _ := strings.Cut(strings.TrimPrefix(m.Subject, proto.PullPrefix("")), ".")
+		_ = coord.PublishMsg(&nats.Msg{Subject: "$JS.API." + api, Reply: m.Reply, Data: m.Data})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	heard := make(chan string, 16)
 	if _, err := coord.Subscribe(proto.HeartbeatSubjects, func(m *nats.Msg) { heard <- m.Subject }); err != nil {
 		t.Fatal(err)
@@ -184,7 +191,7 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rcreds, err := a.RunnerCreds("r1", "default")
+	rcreds, err := a.RunnerCreds("r1", "default", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,9 +206,13 @@ func TestRunnerPermissions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pulls, err := jetstream.NewWithAPIPrefix(rc, proto.PullPrefix("r1"))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// What a runner does.
-	cons, err := rjs.Consumer(ctx, proto.WorkStream, work)
+	cons, err := pulls.Consumer(ctx, proto.WorkStream, work)
 	if err != nil {
 		t.Fatalf("the runner cannot bind to its work consumer: %v", err)
 	}
@@ -215,12 +226,12 @@ func TestRunnerPermissions(t *testing.T) {
 	if _, err := rjs.Publish(ctx, proto.StateSubject("r1", "j1"), []byte("{}")); err != nil {
 		t.Fatalf("the runner cannot publish its events: %v", err)
 	}
-	if err := rc.Publish(proto.HeartbeatSubject("r1"), []byte("{}")); err != nil {
+	if err := rc.Publish(proto.HeartbeatSubject("r1", "default"), []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case s := <-heard:
-		if s != proto.HeartbeatSubject("r1") {
+		if s != proto.HeartbeatSubject("r1", "default") {
 			t.Fatalf("heard %s", s)
 		}
 	case <-time.After(5 * time.Second):
@@ -245,7 +256,7 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatalf("micro ping: %v", err)
 	}
 	// It asks the coordinator to confirm the start of expired work, and gets the answer.
-	confirm, err := coord.Subscribe(proto.ConfirmSubject, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) })
+	confirm, err := coord.Subscribe(proto.ConfirmSubjects, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +264,7 @@ func TestRunnerPermissions(t *testing.T) {
 	if err := coord.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := rc.Request(proto.ConfirmSubject, []byte("j1"), 5*time.Second); err != nil || string(m.Data) != "ok" {
+	if m, err := rc.Request(proto.ConfirmSubject("r1"), []byte("j1"), 5*time.Second); err != nil || string(m.Data) != "ok" {
 		t.Fatalf("confirmation request: %v", err)
 	}
 
@@ -271,17 +282,32 @@ func TestRunnerPermissions(t *testing.T) {
 		t.Fatal("the runner published another runner's event")
 	}
 	wantViolation(t, errs, proto.StateSubject("r2", "j1"))
-	if err := rc.Publish(proto.HeartbeatSubject("r2"), []byte("{}")); err != nil {
-		t.Fatal(err)
+	// Nor heartbeat as another runner, or for a pool its creds do not name: the coordinator makes
+	// work consumers for the pools heartbeats name.
+	for _, subject := range []string{proto.HeartbeatSubject("r2", "default"), proto.HeartbeatSubject("r1", "other")} {
+		if err := rc.Publish(subject, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		wantViolation(t, errs, subject)
 	}
-	wantViolation(t, errs, proto.HeartbeatSubject("r2"))
+	// Nor send JetStream a request of its own, whose reply could aim a delivery of work at a stream,
+	// nor pull as another runner (whose inbox the coordinator would deliver to).
+	for _, subject := range []string{
+		"$JS.API.CONSUMER.MSG.NEXT." + proto.WorkStream + "." + work, "$JS.API.CONSUMER.INFO." + proto.WorkStream + "." + work,
+		proto.PullPrefix("r2") + ".CONSUMER.MSG.NEXT." + proto.WorkStream + "." + work, proto.ConfirmSubject("r2"),
+	} {
+		if err := rc.PublishRequest(subject, proto.EventSubjects[:len(proto.EventSubjects)-1]+"r1.j1.state", []byte(`{"batch":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		wantViolation(t, errs, subject)
+	}
 	for _, subject := range []string{proto.WorkSubjects, proto.EventSubjects, proto.ControlSubject("r2"), "_INBOX.>", RunnerInboxPrefix("r2") + ".>"} {
 		if _, err := rc.SubscribeSync(subject); err != nil {
 			t.Fatal(err)
 		}
 		wantViolation(t, errs, subject)
 	}
-	if _, err := rjs.Consumer(short(), proto.WorkStream, other); err == nil {
+	if _, err := pulls.Consumer(short(), proto.WorkStream, other); err == nil {
 		t.Fatal("a runner of pool default bound to pool other's work consumer")
 	}
 	if err := rjs.DeleteConsumer(short(), proto.WorkStream, work); err == nil {
@@ -349,5 +375,127 @@ func TestServerConfig(t *testing.T) {
 	}
 	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: proto.EventStream, Subjects: []string{proto.EventSubjects}}); err != nil {
 		t.Fatalf("JetStream is not enabled for the sbx account: %v", err)
+	}
+}
+
+// TestExpiryAndRevocation: runner creds with a lifetime stop working when it ends; a revoked
+// runner's creds, and an old coordinator's after a rotation, are refused once the NATS server
+// reloaded the nats-auth.conf that revoking rewrote, while the others' still work. Before, creds
+// never expired and could not be revoked.
+func TestExpiryAndRevocation(t *testing.T) {
+	dir := t.TempDir()
+	a, err := Open(filepath.Join(dir, "auth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeConf := func() {
+		t.Helper()
+		conf, err := a.ServerConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := WriteSecret(filepath.Join(dir, "auth", ServerConfigFile), conf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeConf()
+	main := "listen: 127.0.0.1:-1\ninclude auth/" + ServerConfigFile + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(main), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoSigs = true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats did not start")
+	}
+	connects := func(creds []byte) bool {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "user.creds")
+		if err := WriteSecret(path, creds); err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(ns.ClientURL(), nats.UserCredentials(path), nats.NoReconnect(),
+			nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		if err != nil {
+			return false
+		}
+		defer nc.Close()
+		return nc.Flush() == nil
+	}
+	mint := func(id string, ttl time.Duration) []byte {
+		t.Helper()
+		creds, err := a.RunnerCreds(id, "", ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return creds
+	}
+
+	short, victim, bystander := mint("short", 2*time.Second), mint("victim", 0), mint("bystander", time.Hour)
+	oldCoord, err := a.CoordinatorCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, creds := range map[string][]byte{"short": short, "victim": victim, "bystander": bystander, "coordinator": oldCoord} {
+		if !connects(creds) {
+			t.Fatalf("%s's fresh creds are refused", name)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); connects(short); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("creds of a 2 s lifetime still work after 10 s")
+		}
+	}
+
+	pub, err := a.RunnerPublicKey("victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := UserOf(victim); err != nil || got != pub {
+		t.Fatalf("victim's creds are of user %s (%v), want %s", got, err, pub)
+	}
+	oldPub, err := UserOf(oldCoord)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCoord, err := a.CoordinatorCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	revokedAt := time.Now()
+	for _, p := range []string{pub, oldPub} {
+		if err := a.Revoke(p, revokedAt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeConf()
+	if err := ns.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for name, creds := range map[string][]byte{"victim": victim, "old coordinator": oldCoord} {
+		if connects(creds) {
+			t.Errorf("%s's revoked creds still connect", name)
+		}
+	}
+	for name, creds := range map[string][]byte{"bystander": bystander, "new coordinator": newCoord} {
+		if !connects(creds) {
+			t.Errorf("%s's creds are refused", name)
+		}
+	}
+	// Creds minted for the runner after the revocation work again (the list holds a time).
+	for time.Now().Unix() <= revokedAt.Unix() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !connects(mint("victim", 0)) {
+		t.Error("creds minted after the revocation are refused")
 	}
 }

@@ -1,0 +1,76 @@
+package coordinator
+
+import (
+	"context"
+	"time"
+
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// Resize sets the size of a running tty job's terminal; the job gets SIGWINCH. A queued job is
+// waited for a few seconds, as Input waits. The job object shows the new size.
+func (s *Service) Resize(ctx context.Context, id string, size TTYSize) error {
+	if size.Rows < 1 || size.Rows > proto.MaxTTYRows {
+		return Errorf(EINVALID, "rows must be between 1 and %d.", proto.MaxTTYRows)
+	}
+	if size.Cols < 1 || size.Cols > proto.MaxTTYCols {
+		return Errorf(EINVALID, "cols must be between 1 and %d.", proto.MaxTTYCols)
+	}
+	deadline := time.NewTimer(inputStartWait)
+	defer deadline.Stop()
+	var runner string
+	for runner == "" {
+		j, _, changed, err := s.watch(ctx, id)
+		if err != nil {
+			return err
+		}
+		switch {
+		case changed == nil:
+			return Errorf(ECONFLICT, "Job %s has ended; its terminal is gone.", id)
+		case !j.TTY:
+			return Errorf(ECONFLICT, "Job %s has no terminal: it was not started with tty: true.", id)
+		case j.Status == StatusRunning:
+			runner = j.Runner
+			continue
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return Errorf(ECONFLICT, "Job %s has not started yet; resize it once it runs.", id)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpResize, JobID: id, Size: &size})
+	if err != nil {
+		return Errorf(EUNAVAILABLE, "Runner %s did not answer: %v.", runner, err)
+	}
+	switch reply.Code {
+	case proto.ReplyOK:
+	case proto.ReplyUnknownJob:
+		return Errorf(ECONFLICT, "Job %s has ended; its terminal is gone.", id)
+	case proto.ReplyRefused:
+		return Errorf(ECONFLICT, "%s.", reply.Message)
+	default:
+		return Errorf(EINTERNAL, "Runner %s refused: %s.", runner, reply.Message)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l, ok := s.live[id]; ok {
+		l.job.TTYSize = &size
+		if err := s.jobs.PutJob(ctx, l.job); err != nil {
+			return err
+		}
+		l.notify()
+	}
+	return nil
+}
+
+// screenText is what a job's output bytes read as: a tty job's without its terminal escape
+// sequences (StripANSI), anyone else's as they are.
+func screenText(j *Job, b []byte) []byte {
+	if !j.TTY {
+		return b
+	}
+	return StripANSI(b)
+}

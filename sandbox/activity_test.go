@@ -1,0 +1,167 @@
+package sandbox
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// awaitActivity polls p.Activity until ok accepts it, failing the test after a deadline.
+func awaitActivity(t *testing.T, p *Process, what string, ok func(Activity) bool) Activity {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		a, err := p.Activity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok(a) {
+			return a
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never saw %s; last %+v", what, a)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestActivityWaitingForInput: a job blocked reading its input — a pipe or a terminal, by read(2)
+// or by readline's pselect — waits for input; once answered, it does not.
+func TestActivityWaitingForInput(t *testing.T) {
+	tests := []struct {
+		name   string
+		script string
+		tty    bool
+	}{
+		{"read on a pipe", `read x; echo got=$x; sleep 1000`, false},
+		{"read on a terminal", `read -p 'name? ' x; echo got=$x; sleep 1000`, true},
+		{"python input on a terminal", `python3 -c 'print("got=" + input("name? "))'; sleep 1000`, true},
+		{"python input on a pipe", `python3 -c 'print("got=" + input("name? "))'; sleep 1000`, false},
+	}
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		for i, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				spec := bashTTY(fmt.Sprintf("input-%d", i), tt.script, false)
+				spec.TTY, spec.Stdin = tt.tty, !tt.tty
+				p, err := m.Start(spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { p.Kill(); p.Wait() })
+				s := watchScreen(p.Output())
+				awaitActivity(t, p, "waiting for input", func(a Activity) bool { return a.WaitingForInput })
+				if _, err := p.Input().Write([]byte("ann\n")); err != nil {
+					t.Fatal(err)
+				}
+				s.await(t, "got=ann")
+				// Now it sleeps: blocked, but not on its input.
+				awaitActivity(t, p, "the end of the wait for input", func(a Activity) bool { return !a.WaitingForInput })
+			})
+		}
+	})
+}
+
+// TestActivityOtherPipe: a job blocked reading a pipe that is not its input does not wait for
+// input, though it is blocked in read(2) on its descriptor 0.
+func TestActivityOtherPipe(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		spec := bashTTY("fifo-"+cfg.Version, `exec 3<>`+fifo+`; read x <&3`, false)
+		spec.TTY, spec.Stdin = false, true
+		p, err := m.Start(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Kill(); p.Wait() })
+		drain(t, p.Output())
+		// Wait until bash is blocked in read(2) on its descriptor 0, the fifo.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(p.Pid()) + "/syscall")
+			if strings.HasPrefix(string(b), strconv.Itoa(syscall.SYS_READ)+" 0x0 ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("bash never blocked reading the fifo: %q", b)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		a, err := p.Activity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.WaitingForInput {
+			t.Fatal("a read of another pipe counted as waiting for input")
+		}
+	})
+}
+
+// TestActivityReadonlyInput: a readonly job's bwrap processes do not hide that its command waits.
+func TestActivityReadonlyInput(t *testing.T) {
+	requireReadonly(t)
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		p, err := m.Start(bashTTY("ro-input", `read -p 'ok? ' x; echo got=$x`, true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Kill(); p.Wait() })
+		watchScreen(p.Output())
+		awaitActivity(t, p, "waiting for input", func(a Activity) bool { return a.WaitingForInput })
+	})
+}
+
+// TestActivityListening: the TCP ports a job's processes listen on are listed.
+func TestActivityListening(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		p, err := m.Start(sh("listen", `exec python3 -m http.server 0 --bind 127.0.0.1`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Kill(); p.Wait() })
+		drain(t, p.Output())
+		a := awaitActivity(t, p, "a listening port", func(a Activity) bool { return len(a.Listening) > 0 })
+		ap := a.Listening[0]
+		if ap.Addr() != netip.MustParseAddr("127.0.0.1") || ap.Port() == 0 {
+			t.Fatalf("listening on %v", a.Listening)
+		}
+		c, err := net.Dial("tcp", ap.String())
+		if err != nil {
+			t.Fatalf("the port listed does not answer: %v", err)
+		}
+		c.Close()
+	})
+}
+
+func TestParseProcAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		"0100007F:1435":                         "127.0.0.1:5173",
+		"00000000:0050":                         "0.0.0.0:80",
+		"00000000000000000000000000000000:1F90": "[::]:8080",
+		"00000000000000000000000001000000:1F90": "[::1]:8080",
+		"0000000000000000FFFF00000100007F:0016": "127.0.0.1:22",
+	} {
+		got, ok := parseProcAddr(in)
+		if !ok || got.String() != want {
+			t.Errorf("parseProcAddr(%s) = %v, %v; want %s", in, got, ok, want)
+		}
+	}
+	for _, bad := range []string{"", "0100007F", "zz00007F:1435", "0100007F:zz", "0100:0050"} {
+		if _, ok := parseProcAddr(bad); ok {
+			t.Errorf("parseProcAddr(%q) accepted", bad)
+		}
+	}
+}
