@@ -215,7 +215,7 @@ func TestMCP(t *testing.T) {
 		testMCPHTTP(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
 	})
 	t.Run("default protocol", func(t *testing.T) {
-		testMCPDefaultProtocol(t, s.addr, "mcp-test-token", cwd)
+		testMCPDefaultProtocol(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
 	})
 }
 
