@@ -810,6 +810,10 @@ func TestNotificationsRead(t *testing.T) {
 		{"negative debounce", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "a", DebounceMS: -1}})), coordinator.EINVALID, "notify_on_output.debounce_ms"},
 		{"persistent alone", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", Persistent: true})), coordinator.EINVALID, "persistent"},
 		{"short lease", second(e.svc.OpenSession(ctx, "s", time.Millisecond)), coordinator.EINVALID, "lease_ms"},
+		{"long tool call", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", ToolCallID: strings.Repeat("a", 257)})), coordinator.EINVALID, "tool_call_id"},
+		{"tool call with a newline", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", ToolCallID: "toolu\n01"})), coordinator.EINVALID, "tool_call_id"},
+		// Not through HTTP, which refuses such bytes in any field: the domain checks its own.
+		{"tool call not UTF-8", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", ToolCallID: "toolu\xff01"})), coordinator.EINVALID, "tool_call_id"},
 	}
 	for _, b := range bad {
 		if coordinator.ErrorCode(b.err) != b.code || !strings.Contains(coordinator.ErrorMessage(b.err), b.want) {

@@ -172,8 +172,8 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 		}
 		r.NotifyOnOutput = &n
 	}
-	if len(r.ToolCallID) > MaxToolCallID || strings.ContainsFunc(r.ToolCallID, unicode.IsControl) {
-		return Errorf(EINVALID, "tool_call_id must be at most %d bytes with no control characters.", MaxToolCallID)
+	if len(r.ToolCallID) > MaxToolCallID || strings.ContainsFunc(r.ToolCallID, unicode.IsControl) || !utf8.ValidString(r.ToolCallID) {
+		return Errorf(EINVALID, "tool_call_id must be at most %d bytes of valid UTF-8 with no control characters.", MaxToolCallID)
 	}
 	if _, err := ParseFormat("notification_format", string(r.NotificationFormat)); err != nil {
 		return err
