@@ -4,6 +4,9 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PKGS := bubblewrap libseccomp-dev gcc libc6-dev pkg-config python3 git
+# JOB_USER is the unprivileged user sbx run by root runs a job as when root owns the job's cwd
+# (runner.JobUser; docs/security.md): jobs never run as root unless --allow-root-jobs says so.
+JOB_USER := sbx-job
 
 .PHONY: run test test-v2 bench build deps vet fmt-check tidy-check images fleet
 
@@ -55,7 +58,8 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 
-# deps installs the system packages sbx and its tests use, only when one is missing.
+# deps installs the system packages sbx and its tests use, only when one is missing, and creates
+# the job user.
 deps:
 	@missing=; \
 	for c in bwrap gcc pkg-config python3 git; do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
@@ -64,3 +68,5 @@ deps:
 		echo "installing system packages (missing:$$missing)"; \
 		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y $(PKGS); \
 	fi
+	@id -u $(JOB_USER) >/dev/null 2>&1 || { echo "creating the job user $(JOB_USER)"; \
+		$(SUDO) useradd --system --create-home --home-dir /var/lib/$(JOB_USER) --shell /usr/sbin/nologin $(JOB_USER); }

@@ -68,7 +68,7 @@ func (c *Config) setDefaults() {
 		c.DefaultOutputBytes = 1 << 30
 	}
 	if c.RunnerDeadline == 0 {
-		c.RunnerDeadline = 15 * time.Second
+		c.RunnerDeadline = proto.DefaultRunnerDeadline
 	}
 	if c.StartDeadline == 0 {
 		c.StartDeadline = 60 * time.Second
@@ -716,7 +716,7 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 	switch signal {
 	case "", "TERM", "KILL":
 	default:
-		if _, ok := proto.Signals[signal]; !ok {
+		if _, ok := proto.Signal(signal); !ok {
 			return Errorf(EINVALID, "signal %q is not one of HUP INT QUIT KILL USR1 USR2 TERM CONT STOP.", signal)
 		}
 		op = proto.OpSignal

@@ -209,10 +209,11 @@ func (r *Runner) start(w *proto.Work) (process, error) {
 		}
 		return src, nil
 	}
-	if fi, err := os.Stat(w.Cwd); err != nil || !fi.IsDir() {
+	dir, err := os.Stat(w.Cwd)
+	if err != nil || !dir.IsDir() {
 		return nil, fmt.Errorf("cwd %s is not a directory on runner %s", w.Cwd, r.cfg.ID)
 	}
-	acct, err := r.account(w.User)
+	acct, err := r.account(w.User, dir)
 	if err != nil {
 		return nil, err
 	}

@@ -39,10 +39,16 @@ type Config struct {
 	// that runners sharing a machine never sweep each other's jobs. Its Bwrap names the bubblewrap
 	// binary of readonly jobs (default "bwrap" on PATH).
 	Cgroup sandbox.Config
-	// User is the account jobs run as by default ("": the runner's own); Users are the others a job
-	// may ask for. With a User set, no job runs as anyone else (see account).
+	// User is the account jobs run as by default; Users are the others a job may ask for. With a
+	// User set, no job runs as anyone else. Without one, a runner that is not root runs jobs as itself,
+	// and a root runner runs each as the owner of its cwd, or as JobUser when root owns it (see account).
 	User  string
 	Users []string
+	// AllowRoot lets jobs run as root: a root runner without a User then runs them as itself, and
+	// User or a job may name root. Without it, no job runs as uid 0.
+	AllowRoot bool
+	// jobUser is JobUser; a test names one that does not exist.
+	jobUser string
 	// Shell is the absolute path of the shell a job runs in when it names none (default: bash when it
 	// is installed, else /bin/sh): agents write bash.
 	Shell string
@@ -55,9 +61,9 @@ type Config struct {
 	// PATH, HOME, LANG and TERM (see readonlyEnv).
 	Environ []string
 	// Secrets are the absolute paths of what the runner holds and jobs must not: its NATS
-	// credentials, a token file, a data dir. A plain job's environment loses the variables that name
-	// one; readonly jobs do not see them at all (they are added to Cgroup.Hide). A plain job running
-	// as root can still read any file: run jobs as another user (--user) to keep them out.
+	// credentials, a token file, a TLS key, a data dir. A plain job's environment loses the variables
+	// that name one; readonly jobs do not see them at all (they are added to Cgroup.Hide). What keeps
+	// a plain job out is the files' modes and the job's user, which is never root unless AllowRoot.
 	Secrets []string
 	// HeartbeatInterval is the time between heartbeats (2 s, or a fifth of FenceAfter when that is
 	// shorter).
@@ -123,9 +129,16 @@ func (c *Config) setDefaults() error {
 		if u == "" {
 			continue
 		}
-		if _, err := lookupAccount(u); err != nil {
+		a, err := lookupAccount(u)
+		if err != nil {
 			return err
 		}
+		if a.cred.UID == 0 && !c.AllowRoot {
+			return fmt.Errorf("user %s is root: jobs run as root only when that is allowed (--allow-root-jobs)", u)
+		}
+	}
+	if c.jobUser == "" {
+		c.jobUser = JobUser
 	}
 	if len(c.Users) > 0 && c.User == "" {
 		return errors.New("users: allowing other users needs a default user")
@@ -146,7 +159,7 @@ func (c *Config) setDefaults() error {
 		c.Environ = os.Environ()
 	}
 	if c.FenceAfter == 0 {
-		c.FenceAfter = 15 * time.Second
+		c.FenceAfter = proto.DefaultRunnerDeadline
 	}
 	if c.HeartbeatInterval == 0 {
 		// Several heartbeats per deadline, so that one late tick is not a missed deadline, on either
@@ -243,6 +256,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if swept > 0 {
 		r.cfg.Logger.Warn("killed jobs of an earlier life", "cgroups", swept)
 	}
+	r.logUsers()
 	svc, err := micro.AddService(r.nc, micro.Config{
 		Name:        proto.ServiceName,
 		Version:     "1.0.0",

@@ -56,6 +56,7 @@ func newHarnessWith(t *testing.T, eventBytes int64) *harness {
 	if os.Geteuid() != 0 {
 		t.Skip("runner tests need root for cgroups")
 	}
+	ensureJobUser(t)
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
@@ -492,7 +493,7 @@ func TestReadonlyJob(t *testing.T) {
 	if hb := firstHeartbeat(t, hbs); !hb.Readonly || hb.ReadonlyReason != "" {
 		t.Fatalf("heartbeat readonly=%v reason %q, want readonly", hb.Readonly, hb.ReadonlyReason)
 	}
-	dir := t.TempDir()
+	dir := jobUserDir(t) // the job's user could write there, but for the sandbox
 	tests := []struct {
 		name, command string
 		env           map[string]string
@@ -505,7 +506,7 @@ func TestReadonlyJob(t *testing.T) {
 		{name: "read", command: "cat /proc/self/comm && ls /", code: 0},
 		{name: "runner env", command: "echo ${RO_RUNNER_SECRET:-unset} $REQUESTED", env: map[string]string{"REQUESTED": "yes"}, code: 0, output: "unset yes\n"},
 		{name: "env names", command: "env | cut -d= -f1 | grep -v -e '^PWD$' -e '^SHLVL$' -e '^_$' | sort", env: map[string]string{"REQUESTED": "yes"}, code: 0,
-			output: "HOME\nLANG\nPATH\nREQUESTED\nTERM\n"},
+			output: "HOME\nLANG\nLOGNAME\nPATH\nREQUESTED\nTERM\nUSER\n"}, // USER and LOGNAME: the job user's
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 )
 
 // TestJobsSeeNoSecrets: a plain job's environment holds no NATS_* variable and none naming the
-// runner's credentials; a readonly job cannot read the credentials file.
+// runner's credentials; a readonly job cannot read the credentials file, even as root.
 func TestJobsSeeNoSecrets(t *testing.T) {
 	requireBwrap(t)
 	h := newHarness(t)
@@ -21,7 +21,8 @@ func TestJobsSeeNoSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	hbs := h.heartbeats("secrets")
-	h.startRunner(Config{ID: "secrets", Slots: 2, Secrets: []string{creds}, Environ: []string{
+	// Jobs run as root, so that only the hiding keeps the readonly job out of the file.
+	h.startRunner(Config{ID: "secrets", Slots: 2, AllowRoot: true, Secrets: []string{creds}, Environ: []string{
 		"PATH=/usr/bin:/bin", "KEEP=kept", "NATS_URL=nats://user:pw@host:4222", "NATS_CREDS=x", "SBX_TOKEN=t",
 		"MY_CREDS=" + creds, "CONFIG=--creds=" + creds + " --x",
 	}})

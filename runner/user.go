@@ -2,12 +2,14 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/user"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/sbx-dev/sbx/sandbox"
@@ -20,23 +22,85 @@ type account struct {
 	home string
 }
 
-// account resolves the user a job asked for ("" for the runner's default, Config.User). A runner
-// with a default user runs jobs only as that user or one of Config.Users, so an API caller cannot
-// pick root; a runner without one runs jobs as itself, and a job may then name any user (it can only
-// give privileges up).
-func (r *Runner) account(requested string) (*account, error) {
+// JobUser is the unprivileged user a root runner without a default user (Config.User) runs a job as
+// when the job's cwd belongs to root: `make run`, the systemd unit and the images create it.
+const JobUser = "sbx-job"
+
+// noJobUser says how to give a root runner a user to run jobs as, when the job user is missing.
+func noJobUser(name string) error {
+	return fmt.Errorf("no user to run the job as: its cwd belongs to root, the runner runs as root, and user %s does not exist. "+
+		"Create it (useradd --system --create-home --home-dir /var/lib/%s --shell /usr/sbin/nologin %s), "+
+		"give the runner --user NAME, or let jobs run as root with --allow-root-jobs", name, name, name)
+}
+
+// account resolves the user a job asked for ("" for the runner's default, Config.User) and whose
+// cwd is dir. A runner with a default user runs jobs only as that user or one of Config.Users, so an
+// API caller cannot pick another. A runner without one runs jobs as itself when it is not root; a
+// root runner runs a job as the owner of its cwd, or as JobUser when root owns it, and a job may name
+// any other user. No job runs as root unless Config.AllowRoot says so.
+func (r *Runner) account(requested string, dir os.FileInfo) (*account, error) {
 	name := requested
 	if name == "" {
 		name = r.cfg.User
 	}
 	if name == "" {
-		return nil, nil
+		if os.Geteuid() != 0 || r.cfg.AllowRoot {
+			return nil, nil
+		}
+		return ownerAccount(dir, r.cfg.jobUser)
 	}
 	if r.cfg.User != "" && name != r.cfg.User && !slices.Contains(r.cfg.Users, name) {
 		allowed := append([]string{r.cfg.User}, r.cfg.Users...)
 		return nil, fmt.Errorf("user %s is not allowed on runner %s (allowed: %v)", name, r.cfg.ID, allowed)
 	}
-	return lookupAccount(name)
+	a, err := lookupAccount(name)
+	if err != nil {
+		return nil, err
+	}
+	if a.cred.UID == 0 && !r.cfg.AllowRoot {
+		return nil, fmt.Errorf("user %s is root, and runner %s runs no job as root (--allow-root-jobs)", name, r.cfg.ID)
+	}
+	return a, nil
+}
+
+// ownerAccount is the account of a directory's owner, or jobUser's when root owns it. An owner the
+// user database does not know (a volume made elsewhere) is taken by number, with the directory's group.
+func ownerAccount(dir os.FileInfo, jobUser string) (*account, error) {
+	st, ok := dir.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil, fmt.Errorf("cwd %s: no owner", dir.Name())
+	}
+	if st.Uid == 0 {
+		a, err := lookupAccount(jobUser)
+		if errors.As(err, new(user.UnknownUserError)) {
+			return nil, noJobUser(jobUser)
+		}
+		return a, err
+	}
+	uid := strconv.FormatUint(uint64(st.Uid), 10)
+	if _, err := user.LookupId(uid); errors.As(err, new(user.UnknownUserIdError)) {
+		return &account{name: uid, cred: &sandbox.Credential{UID: st.Uid, GID: st.Gid}, home: "/"}, nil
+	}
+	return lookupAccount(uid)
+}
+
+// logUsers says at start-up who jobs run as, and warns when that is root or cannot be found.
+func (r *Runner) logUsers() {
+	log := r.cfg.Logger
+	switch {
+	case r.cfg.User != "":
+		log.Info("jobs run as", "user", r.cfg.User, "allowed", r.cfg.Users, "root_allowed", r.cfg.AllowRoot)
+	case os.Geteuid() != 0:
+		log.Info("jobs run as the runner's own user", "uid", os.Geteuid())
+	case r.cfg.AllowRoot:
+		log.Warn("jobs run as root (--allow-root-jobs): a job can read every secret of the runner and of this machine")
+	default:
+		if _, err := user.Lookup(r.cfg.jobUser); err != nil {
+			log.Warn("jobs whose cwd belongs to root will not start", "err", noJobUser(r.cfg.jobUser))
+			return
+		}
+		log.Info("jobs run as the owner of their cwd, or as " + r.cfg.jobUser + " when root owns it")
+	}
 }
 
 // lookupAccount resolves a user name (or a decimal uid) through the system's user database.
@@ -81,11 +145,25 @@ func (a *account) env() map[string]string {
 	return map[string]string{"HOME": a.home, "USER": a.name, "LOGNAME": a.name}
 }
 
-// probeUser checks that a readonly job can run as the default user: bwrap then runs unprivileged, in
-// a user namespace the kernel must allow. The sandbox probe itself (ProbeReadonly) runs as the runner.
+// probeUser checks that a readonly job can run as an unprivileged user: bwrap then runs
+// unprivileged, in a user namespace the kernel must allow. It probes as the default user, or, on a
+// root runner that picks the user by the cwd, as JobUser (nobody's uid when JobUser is missing: what
+// is probed is the kernel, not the account). The sandbox probe itself (ProbeReadonly) runs as the runner.
 func (r *Runner) probeUser(ctx context.Context) error {
-	a, err := r.account("")
-	if a == nil || err != nil {
+	var a *account
+	var err error
+	switch {
+	case r.cfg.User != "":
+		a, err = lookupAccount(r.cfg.User)
+	case os.Geteuid() != 0 || r.cfg.AllowRoot:
+		return nil
+	default:
+		a, err = lookupAccount(r.cfg.jobUser)
+		if errors.As(err, new(user.UnknownUserError)) {
+			a, err = &account{name: "uid 65534", cred: &sandbox.Credential{UID: 65534, GID: 65534}}, nil
+		}
+	}
+	if err != nil {
 		return err
 	}
 	p, err := r.mgr.Start(sandbox.Spec{

@@ -230,7 +230,7 @@ func TestNATSOutage(t *testing.T) {
 	_, c := startFleetCoordinator(t, n.url())
 	startFleetRunner(t, n.url(), "outage")
 	waitRunner(t, c, "outage")
-	dir := t.TempDir()
+	dir := jobDir(t)
 	through, err := c.Start(t.Context(), client.StartRequest{Command: "echo before; sleep 2; echo after", Cwd: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -333,7 +333,7 @@ func TestStartBeforeNATS(t *testing.T) {
 	if !strings.Contains(table.String(), "disk=ssd,zone=a") || !strings.Contains(table.String(), "ready") {
 		t.Fatalf("sbx runners:\n%s", table.String())
 	}
-	dir := t.TempDir()
+	dir := jobDir(t)
 	res, err := c.Start(t.Context(), client.StartRequest{Command: "echo up > out", Cwd: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -471,7 +471,7 @@ func (p *stallProxy) resume() {
 // startSpinner starts a job that records its pid and runs until killed, and waits until it runs.
 func startSpinner(t *testing.T, c *client.Client) (id string, pid int) {
 	t.Helper()
-	dir := t.TempDir()
+	dir := jobDir(t)
 	res, err := c.Start(t.Context(), client.StartRequest{Command: "echo $$ > pid; while :; do sleep 0.1; done", Cwd: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -570,7 +570,7 @@ func TestDrainShown(t *testing.T) {
 	_, c := startFleetCoordinator(t, n.url())
 	r := startFleetRunner(t, n.url(), "drainer", "--drain-timeout", "30s")
 	waitRunner(t, c, "drainer")
-	dir := t.TempDir()
+	dir := jobDir(t)
 	res, err := c.Start(t.Context(), client.StartRequest{Command: "sleep 3; echo done > out", Cwd: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -598,7 +598,7 @@ func TestAmbiguousPublish(t *testing.T) {
 	n := newRestartableNATS(t, true)
 	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
 	coord, c := startFleetCoordinator(t, proxy.url())
-	dir := t.TempDir()
+	dir := jobDir(t)
 	start := func(name string) error {
 		_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + filepath.Join(dir, name), Cwd: dir})
 		return err
@@ -728,7 +728,7 @@ func TestJetStreamLate(t *testing.T) {
 		t.Fatal("the coordinator did not start once JetStream was up")
 	}
 	waitRunner(t, c, "patient")
-	res, err := c.Start(t.Context(), client.StartRequest{Command: "true", Cwd: t.TempDir()})
+	res, err := c.Start(t.Context(), client.StartRequest{Command: "true", Cwd: jobDir(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,10 @@ import (
 
 func TestMain(m *testing.M) {
 	sandbox.MaybeInit()
+	if err := ensureJobUser(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	os.Exit(m.Run())
 }
 
@@ -73,6 +77,8 @@ type instance struct {
 	c    *client.Client
 	// data is serve's data dir; nats the URL of its embedded NATS server.
 	data, nats string
+	// ca is the --tls-cert serve was given, which its clients trust.
+	ca string
 }
 
 // startServe runs `sbx serve` in-process, on random ports, until the test ends.
@@ -117,7 +123,12 @@ func startServe(t testing.TB, extra ...string) *instance {
 	addr, _, _ := strings.Cut(rest, ",")
 	_, rest, _ = strings.Cut(line, "NATS ")
 	natsURL, _, _ := strings.Cut(rest, ",")
-	s := &instance{addr: addr, c: client.New(addr, tokenOf(t, extra)), data: data, nats: natsURL}
+	s := &instance{addr: addr, data: data, nats: natsURL, ca: flagOf(extra, "--tls-cert")}
+	env := map[string]string{"SBX_ADDR": addr, "SBX_TOKEN": tokenOf(t, extra), "SBX_CA_FILE": s.ca}
+	var err error
+	if s.c, err = client.FromEnv(func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
 	// Ready once the runner's first heartbeat arrived.
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		rs, err := s.c.Runners(ctx)
@@ -134,13 +145,22 @@ func startServe(t testing.TB, extra ...string) *instance {
 
 // tokenOf returns the token of the --token-file among serve's arguments, or "".
 func tokenOf(t testing.TB, args []string) string {
+	path := flagOf(args, "--token-file")
+	if path == "" {
+		return ""
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// flagOf returns the value of a flag among args, or "".
+func flagOf(args []string, name string) string {
 	for i, a := range args {
-		if a == "--token-file" && i+1 < len(args) {
-			b, err := os.ReadFile(args[i+1])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return strings.TrimSpace(string(b))
+		if a == name && i+1 < len(args) {
+			return args[i+1]
 		}
 	}
 	return ""
@@ -151,8 +171,11 @@ func (s *instance) sbx(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	var stdout bytes.Buffer
 	getenv := func(k string) string {
-		if k == "SBX_ADDR" {
+		switch k {
+		case "SBX_ADDR":
 			return s.addr
+		case "SBX_CA_FILE":
+			return s.ca
 		}
 		return ""
 	}

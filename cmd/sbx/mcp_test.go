@@ -136,7 +136,7 @@ func TestMCP(t *testing.T) {
 		c.Session = session
 		return c
 	}
-	cwd := t.TempDir()
+	cwd := jobDir(t)
 
 	t.Run("tools", func(t *testing.T) {
 		m := connectMCP(t, backend("tools"), mcpConfig{Cwd: cwd})

@@ -26,7 +26,7 @@ func TestReadonlyThroughAPI(t *testing.T) {
 	if err != nil || len(rs) != 1 || !rs[0].Readonly {
 		t.Fatalf("runner did not pass its probe: %+v, %v", rs, err)
 	}
-	dir := t.TempDir()
+	dir := jobDir(t) // the job's user could write there, but for the sandbox
 	target := filepath.Join(dir, "written")
 	r, err := s.c.Start(ctx, client.StartRequest{Cwd: dir, Readonly: true, BlockUntil: 10_000_000_000,
 		Command: "ls / >/dev/null && echo read ok; touch " + target + " || echo write refused"})
@@ -71,13 +71,14 @@ func TestReadonlyUnavailable(t *testing.T) {
 }
 
 // TestReadonlyEscapes: each readonly escape of issue 7 fails through the whole system, as a readonly
-// job started through the API of `sbx serve` run by root. docs/readonly.md has a row for each.
+// job started through the API of `sbx serve` run by root. docs/readonly.md has a row for each. The
+// jobs run as root (--allow-root-jobs): the sandbox must hold without the help of an unprivileged user.
 func TestReadonlyEscapes(t *testing.T) {
 	if _, err := exec.LookPath("bwrap"); err != nil {
 		t.Skip("bwrap is not installed")
 	}
 	probe := sandboxtest.Probe(t)
-	s := startServe(t)
+	s := startServe(t, "--allow-root-jobs")
 	ctx := t.Context()
 	if rs, err := s.c.Runners(ctx); err != nil || len(rs) != 1 || !rs[0].Readonly {
 		t.Fatalf("runner did not pass its probe: %+v, %v", rs, err)

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -26,6 +27,7 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/proto"
 	"github.com/sbx-dev/sbx/runner"
 	"github.com/sbx-dev/sbx/sandbox"
 )
@@ -92,7 +94,7 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.BoolVar(&c.insecureNoToken, "insecure-no-token", false, "listen beyond loopback without a token: only for a container whose port is published on the host's loopback alone")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
 	fs.DurationVar(&c.inputStallAfter, "input-stall-after", 10*time.Second, "how long a job's processes must all wait for input (as its runner sees them) before that notifies")
-	fs.DurationVar(&c.runnerDeadline, "runner-deadline", defaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
+	fs.DurationVar(&c.runnerDeadline, "runner-deadline", proto.DefaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
@@ -197,6 +199,7 @@ type runnerFlags struct {
 	id, pool, cgroupRoot, user, shell string
 	users, labels                     stringList
 	slots                             int
+	allowRootJobs                     bool
 	deadline, drainTimeout            time.Duration
 	// labelMap is labels, parsed by check.
 	labelMap map[string]string
@@ -222,17 +225,15 @@ func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&r.slots, "slots", runner.DefaultSlots, "jobs run at once at most (a guard, not a CPU count: dev servers and watchers hold slots for hours)")
 	fs.StringVar(&r.cgroupRoot, "cgroup-root", "sbx", "cgroup under which the runner makes its jobs' cgroups")
 	fs.StringVar(&r.shell, "shell", "", "absolute path of the shell jobs run in by default (default: bash when installed, else /bin/sh)")
-	fs.StringVar(&r.user, "user", "", "user jobs run as (default: the runner's own; serve started with sudo: $SUDO_USER)")
+	fs.StringVar(&r.user, "user", "", "user jobs run as (default: a runner run by root: the owner of the job's cwd, or "+runner.JobUser+" when root owns it; serve started with sudo: $SUDO_USER; otherwise the runner's own user)")
 	fs.Var(&r.users, "allow-user", "another user a job may ask for with \"user\" (repeatable; needs --user)")
+	fs.BoolVar(&r.allowRootJobs, "allow-root-jobs", false, "let jobs run as root: a root runner without --user runs them as itself, and --user or a job may name root. Jobs can then read every secret of the runner")
 	fs.Var(&r.labels, "label", "a KEY=VALUE describing the runner in GET /v1/runners (repeatable); placement is by --pool")
 }
 
-// defaultRunnerDeadline is the coordinator's and the runners' --runner-deadline.
-const defaultRunnerDeadline = 15 * time.Second
-
 // registerRunnerDeadline registers the runner's --runner-deadline; serve shares the coordinator's.
 func (r *runnerFlags) registerRunnerDeadline(fs *flag.FlagSet) {
-	fs.DurationVar(&r.deadline, "runner-deadline", defaultRunnerDeadline, "how long the runner may be cut off from NATS before it kills its jobs as lost (the coordinator's --runner-deadline, after which it marks them lost)")
+	fs.DurationVar(&r.deadline, "runner-deadline", proto.DefaultRunnerDeadline, "how long the runner may be cut off from NATS before it kills its jobs as lost (the coordinator's --runner-deadline, after which it marks them lost)")
 }
 
 // maxLabels bounds a runner's labels, which every heartbeat carries.
@@ -328,6 +329,15 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	defer api.ln.Close()
+	// The data dir holds every secret of serve (the authority, the store), and the flags name more
+	// (token, TLS keys): jobs must not see them.
+	secrets, err := secretPaths(fs)
+	if err != nil {
+		return err
+	}
+	if err := checkSecrets(secrets); err != nil {
+		return err
+	}
 	// The embedded server runs in operator mode: it refuses anonymous clients, and the coordinator
 	// and the runner connect as users held to their own subjects.
 	auth, err := natsauth.Open(filepath.Join(cf.data, serveAuthDir))
@@ -383,11 +393,6 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	defer runnerConn.Close()
-	// The data dir holds every secret of serve (the authority, the store); jobs must not see it.
-	secrets, err := absPaths(cf.data, cf.tokenFile)
-	if err != nil {
-		return err
-	}
 
 	// The embedded server has no channel for its end; this goroutine ends with the deferred Shutdown.
 	nsDone := make(chan struct{})
@@ -496,7 +501,13 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if err := rf.check(); err != nil {
 		return err
 	}
-	var err error
+	secrets, err := secretPaths(fs)
+	if err != nil {
+		return err
+	}
+	if err := checkSecrets(secrets); err != nil {
+		return err
+	}
 	if rf.id, err = nf.runnerIDFromCreds(rf.id); err != nil {
 		return err
 	}
@@ -523,10 +534,6 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 		}
 		opts = append(opts, enrolled.option())
 	}
-	secrets, err := absPaths(nf.creds, nf.tlsKey, *enrollKeyFile)
-	if err != nil {
-		return err
-	}
 	log := newLogger(stderr)
 	nc, err := dial(ctx, log, "sbx-runner", nf.url, opts...)
 	if err != nil || nc == nil {
@@ -542,20 +549,47 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	return serveRunner(ctx, nc, rf, secrets, log)
 }
 
-// absPaths returns the absolute, clean forms of the non-empty paths.
-func absPaths(paths ...string) ([]string, error) {
+// secretFlags are the flags of serve and runner whose value is a path jobs must not read: keys,
+// creds, the token, the data dir that holds serve's authority and store. TestSecretFlags keeps the
+// list whole.
+var secretFlags = []string{"data", "enroll-key-file", "nats-creds", "nats-tls-key", "tls-key", "token-file"}
+
+// secretPaths returns the absolute, clean paths fs's secret flags hold (data's default included):
+// what the runner hides from readonly jobs (runner.Config.Secrets).
+func secretPaths(fs *flag.FlagSet) ([]string, error) {
 	var out []string
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if p := f.Value.String(); err == nil && p != "" && slices.Contains(secretFlags, f.Name) {
+			var abs string
+			if abs, err = filepath.Abs(p); err == nil {
+				out = append(out, abs)
+			}
+		}
+	})
+	return out, err
+}
+
+// checkSecrets refuses to start with a secret that a plain job's user could read: one another user
+// owns (a root runner runs a job as the owner of its cwd), or that group or others may access.
+func checkSecrets(paths []string) error {
 	for _, p := range paths {
-		if p == "" {
-			continue
-		}
-		abs, err := filepath.Abs(p)
+		fi, err := os.Stat(p)
 		if err != nil {
-			return nil, err
+			return fmt.Errorf("secret: %w", err)
 		}
-		out = append(out, abs)
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+			return fmt.Errorf("%s belongs to uid %d, not to uid %d that sbx runs as: a job running as its owner could read it (chown %d %s)", p, st.Uid, os.Geteuid(), os.Geteuid(), p)
+		}
+		if mode := fi.Mode().Perm(); mode&0o077 != 0 {
+			want := "600"
+			if fi.IsDir() {
+				want = "700"
+			}
+			return fmt.Errorf("%s has mode %04o: group and others must have no access, or jobs could read it (chmod %s %s)", p, mode, want, p)
+		}
 	}
-	return out, nil
+	return nil
 }
 
 // connect dials NATS with sbx's settings: reconnect forever, notice a dead link within seconds, and
@@ -721,7 +755,7 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 // serveRunner runs a runner until ctx ends. Jobs never see secrets (runner.Config.Secrets).
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []string, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
-		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, Shell: rf.shell,
+		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, AllowRoot: rf.allowRootJobs, Shell: rf.shell,
 		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets, Labels: rf.labelMap, FenceAfter: rf.deadline, DrainTimeout: rf.drainTimeout,
 	})
 	if err != nil {

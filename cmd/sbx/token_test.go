@@ -19,7 +19,7 @@ import (
 // reaches everything.
 func TestScopedTokenEndToEnd(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("main-token-main-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte("main-token-of-the-coordinator\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s := startServe(t, "--token-file", tokenFile)
@@ -33,9 +33,9 @@ func TestScopedTokenEndToEnd(t *testing.T) {
 		t.Errorf("a prefix that is no session prefix: exit %d, want 2", code(err))
 	}
 
-	main := client.New(s.addr, "main-token-main-token")
+	main := client.New(s.addr, "main-token-of-the-coordinator")
 	main.Session = "other"
-	cwd := t.TempDir()
+	cwd := jobDir(t) // jobs run as sbx-job: a directory it may enter
 	started, err := main.Start(ctx, client.StartRequest{Command: "sleep 100", Cwd: cwd})
 	if err != nil {
 		t.Fatal(err)
