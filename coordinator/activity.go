@@ -55,7 +55,7 @@ func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *proto.Event
 	if err := s.jobs.PutJob(ctx, j); err != nil {
 		return err
 	}
-	l.notify()
+	l.wake()
 	return nil
 }
 

@@ -77,10 +77,10 @@ type note struct {
 	advice  string // a stall's own advice ("": stallAdvice)
 }
 
-// watch follows one job's output: it matches notify_on_output's pattern over the stream,
+// outputWatch follows one job's output: it matches notify_on_output's pattern over the stream,
 // debouncing, and collects a monitor's lines. It sees only the gap-free body, in order. Its owner
 // holds s.mu.
-type watch struct {
+type outputWatch struct {
 	jobTitle string
 	re       *regexp.Regexp
 	pattern  string
@@ -115,12 +115,12 @@ type watch struct {
 	notes []note
 }
 
-// newWatch returns the watch of a job, or nil when nothing watches its output.
-func newWatch(j *Job, cfg *Config) *watch {
+// newOutputWatch returns the watch of a job, or nil when nothing watches its output.
+func newOutputWatch(j *Job, cfg *Config) *outputWatch {
 	if j.Notify == nil && !j.Monitor {
 		return nil
 	}
-	w := &watch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow, tty: j.TTY}
+	w := &outputWatch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow, tty: j.TTY}
 	if j.Notify != nil {
 		// The pattern was checked at the start; a stored one that no longer compiles watches nothing.
 		// Multiline, as the seed compiles it: ^ and $ match at line boundaries.
@@ -154,7 +154,7 @@ func cutTitle(t string) string {
 // feed takes newly contiguous output bytes of one stream: stdout (or both interleaved), or the
 // stderr of a job that reads it apart. A monitor's events are stdout lines only, as Claude Code's
 // Monitor's are; notify_on_output matches the lines of both.
-func (w *watch) feed(p []byte, stderr bool, now time.Time) {
+func (w *outputWatch) feed(p []byte, stderr bool, now time.Time) {
 	s := 0
 	if stderr {
 		s = 1
@@ -167,7 +167,7 @@ func (w *watch) feed(p []byte, stderr bool, now time.Time) {
 }
 
 // lines splits stdout's bytes into a monitor's lines.
-func (w *watch) lines(p []byte, now time.Time) {
+func (w *outputWatch) lines(p []byte, now time.Time) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
@@ -193,7 +193,7 @@ func (w *watch) lines(p []byte, now time.Time) {
 // scan matches the pattern over a stream: the bytes up to the last newline held and given, in
 // chunks of at most matchChunk bytes, each with the carry of what came before it. A match counts
 // once: when it ends in the new chunk. final matches what is held, the job having ended.
-func (w *watch) scan(s int, p []byte, final bool, now time.Time) {
+func (w *outputWatch) scan(s int, p []byte, final bool, now time.Time) {
 	if w.re == nil {
 		return
 	}
@@ -239,7 +239,7 @@ func lastRunes(s string, n int) string {
 }
 
 // end handles the held partial lines and flushes what is pending: the job ended.
-func (w *watch) end(now time.Time) {
+func (w *outputWatch) end(now time.Time) {
 	if len(w.partial) > 0 {
 		w.line(strings.TrimRight(string(w.partial), "\r"), now)
 		w.partial = nil
@@ -252,7 +252,7 @@ func (w *watch) end(now time.Time) {
 }
 
 // tick closes the debounce window when its time has come, sending what it counted.
-func (w *watch) tick(now time.Time) {
+func (w *outputWatch) tick(now time.Time) {
 	if w.windowEnd.IsZero() || now.Before(w.windowEnd) {
 		return
 	}
@@ -265,7 +265,7 @@ func (w *watch) tick(now time.Time) {
 }
 
 // line takes one of a monitor's lines.
-func (w *watch) line(line string, now time.Time) {
+func (w *outputWatch) line(line string, now time.Time) {
 	if w.tty {
 		line = strings.TrimRight(string(StripANSI([]byte(line))), "\r")
 	}
@@ -291,7 +291,7 @@ func (w *watch) line(line string, now time.Time) {
 }
 
 // match takes one match of the pattern, with the text it matched.
-func (w *watch) match(text string, now time.Time) {
+func (w *outputWatch) match(text string, now time.Time) {
 	w.tick(now)
 	w.matches++
 	if w.windowEnd.IsZero() {
@@ -315,7 +315,7 @@ func (w *watch) match(text string, now time.Time) {
 
 // matchNote is the output notification of count matches, the latest being occurrence number n with
 // the matched text; its sentences are Cursor's.
-func (w *watch) matchNote(count, n int, text string) note {
+func (w *outputWatch) matchNote(count, n int, text string) note {
 	label := "Latest match"
 	if n == 1 {
 		label = "Matched text"
@@ -333,7 +333,7 @@ func (w *watch) matchNote(count, n int, text string) note {
 	return note{kind: KindOutput, status: NoteSuccess, title: w.title, detail: d, summary: monitorEvent(w.title), event: d}
 }
 
-func (w *watch) flushMatches() {
+func (w *outputWatch) flushMatches() {
 	if w.pending == 0 {
 		return
 	}
@@ -341,7 +341,7 @@ func (w *watch) flushMatches() {
 	w.pending, w.latest = 0, ""
 }
 
-func (w *watch) flushMonitor() {
+func (w *outputWatch) flushMonitor() {
 	if len(w.monLines) == 0 {
 		return
 	}
@@ -351,7 +351,7 @@ func (w *watch) flushMonitor() {
 }
 
 // take returns the notes collected since the last call.
-func (w *watch) take() []note {
+func (w *outputWatch) take() []note {
 	n := w.notes
 	w.notes = nil
 	return n

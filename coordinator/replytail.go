@@ -22,7 +22,7 @@ type replyTail struct {
 
 // tail returns the end of a job's output for a start's reply.
 func (s *Service) tail(id string) (*replyTail, error) {
-	_, size, _, err := s.watch(context.Background(), id)
+	_, size, _, err := s.current(context.Background(), id)
 	if err != nil {
 		return nil, err
 	}

@@ -181,7 +181,7 @@ type liveJob struct {
 	// sessionEnded: the job's session ended, so its end is session_ended. quiet: it notifies nothing.
 	sessionEnded bool
 	quiet        bool
-	watch        *watch // nil when nothing watches the output
+	watch        *outputWatch // nil when nothing watches the output
 	// errSpans are the byte ranges [off, end) of the body that came from stderr's own pipe (a
 	// monitor reads it apart), kept until the watch has seen them.
 	errSpans []span
@@ -256,7 +256,8 @@ func (l *liveJob) wrote(off, end int64) bool {
 	return l.size > old
 }
 
-func (l *liveJob) notify() {
+// wake closes the job's change channel, waking whoever waits for its next change, and makes the next one.
+func (l *liveJob) wake() {
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
@@ -300,7 +301,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		}
 		// Output matching resumes at the end of what is on disk: what was before was matched in
 		// the earlier life.
-		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newWatch(j, &cfg), lastGrowth: now}
+		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newOutputWatch(j, &cfg), lastGrowth: now}
 		s.liveOutput += size
 	}
 	return s, nil
@@ -399,7 +400,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		s.mu.Unlock()
 		return nil, err
 	}
-	l := &liveJob{job: job, changed: make(chan struct{}), watch: newWatch(job, &s.cfg), lastGrowth: now}
+	l := &liveJob{job: job, changed: make(chan struct{}), watch: newOutputWatch(job, &s.cfg), lastGrowth: now}
 	if req.BlockUntil > 0 {
 		// The caller observes from now on: a job that ends before the wait below begins is seen too.
 		l.observers++
@@ -455,7 +456,7 @@ func (s *Service) snapshot(id string, fallback *Job) *Job {
 
 // Job returns a job by id.
 func (s *Service) Job(ctx context.Context, id string) (*Job, error) {
-	j, _, _, err := s.watch(ctx, id)
+	j, _, _, err := s.current(ctx, id)
 	return j, err
 }
 
@@ -480,9 +481,9 @@ func (s *Service) Jobs(ctx context.Context, f JobFilter) ([]*Job, error) {
 	return jobs, nil
 }
 
-// watch returns the job's current state, its body size and a channel closed at its next change;
+// current returns the job's current state, its body size and a channel closed at its next change;
 // the channel is nil once the job has ended.
-func (s *Service) watch(ctx context.Context, id string) (*Job, int64, <-chan struct{}, error) {
+func (s *Service) current(ctx context.Context, id string) (*Job, int64, <-chan struct{}, error) {
 	s.mu.Lock()
 	if l, ok := s.live[id]; ok {
 		j := *l.job
@@ -570,7 +571,7 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 	defer timer.Stop()
 	var scan *scanner
 	for {
-		job, size, changed, err := s.watch(ctx, id)
+		job, size, changed, err := s.current(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -596,7 +597,7 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 		case <-changed:
 		case <-timer.C:
 			// The end may have come with the timeout: report it rather than leave it unseen.
-			if job, _, changed, err = s.watch(ctx, id); err != nil {
+			if job, _, changed, err = s.current(ctx, id); err != nil {
 				return nil, err
 			}
 			return &WaitResult{Job: job, Done: changed == nil}, nil
@@ -632,7 +633,7 @@ func (s *Service) Output(ctx context.Context, id string, offset, limit int64) (i
 	if offset < 0 {
 		return nil, 0, Errorf(EINVALID, "offset must not be negative.")
 	}
-	_, size, _, err := s.watch(ctx, id)
+	_, size, _, err := s.current(ctx, id)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -654,7 +655,7 @@ func (s *Service) Follow(ctx context.Context, id string, offset int64, w io.Writ
 		return Errorf(EINVALID, "offset must not be negative.")
 	}
 	for {
-		_, size, changed, err := s.watch(ctx, id)
+		_, size, changed, err := s.current(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -725,7 +726,7 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 	l, ok := s.live[id]
 	if !ok {
 		s.mu.Unlock()
-		if _, _, _, err := s.watch(ctx, id); err != nil {
+		if _, _, _, err := s.current(ctx, id); err != nil {
 			return err
 		}
 		return Errorf(ECONFLICT, "Job %s has already ended.", id)
@@ -760,7 +761,7 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-			j, _, changed, err := s.watch(ctx, id)
+			j, _, changed, err := s.current(ctx, id)
 			if err != nil {
 				return err
 			}
@@ -893,7 +894,7 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 	if err := s.jobs.PutJob(ctx, j); err != nil {
 		return err
 	}
-	l.notify()
+	l.wake()
 	return nil
 }
 
@@ -949,7 +950,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	s.stats.JobsEnded[j.Status]++
 	s.outputTotal += j.OutputBytes
 	s.liveOutput -= l.size
-	l.notify()
+	l.wake()
 	return nil
 }
 
@@ -1036,7 +1037,7 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 		if err := s.watchOutputLocked(ctx, l, old, c); err != nil {
 			return err
 		}
-		l.notify()
+		l.wake()
 	}
 	return nil
 }
