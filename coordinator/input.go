@@ -21,7 +21,7 @@ func (s *Service) Input(ctx context.Context, id string, data []byte, closeIt boo
 	defer deadline.Stop()
 	var runner string
 	for {
-		j, _, changed, err := s.watch(ctx, id)
+		j, _, changed, err := s.current(ctx, id)
 		if err != nil {
 			return err
 		}

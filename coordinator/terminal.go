@@ -20,7 +20,7 @@ func (s *Service) Resize(ctx context.Context, id string, size TTYSize) error {
 	defer deadline.Stop()
 	var runner string
 	for runner == "" {
-		j, _, changed, err := s.watch(ctx, id)
+		j, _, changed, err := s.current(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -61,7 +61,7 @@ func (s *Service) Resize(ctx context.Context, id string, size TTYSize) error {
 		if err := s.jobs.PutJob(ctx, l.job); err != nil {
 			return err
 		}
-		l.notify()
+		l.wake()
 	}
 	return nil
 }

@@ -99,6 +99,9 @@ type Work struct {
 	Shell string `json:"shell,omitempty"`
 	// Linger keeps the job until its output closes rather than until its shell exits.
 	Linger bool `json:"linger,omitempty"`
+	// LingerCgroup keeps the job until every process in its cgroup has exited: a daemon that
+	// redirected its output stays part of the job (sandbox.Spec.LingerCgroup).
+	LingerCgroup bool `json:"linger_cgroup,omitempty"`
 	// Stdin gives the job a pipe as its standard input, written through OpStdin; else /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
 	// Claim is a random token the coordinator makes for this job and only the runner that takes the

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,57 @@ func TestKillGraceEnds(t *testing.T) {
 			t.Errorf("the kill took %s, want about the grace (300 ms)", took)
 		}
 	})
+}
+
+// TestLingerCgroup: a job that lingers until its cgroup is empty outlives its shell while a daemon
+// that closed its output runs (Linger alone lets that one go, and kills it), ends when the daemon
+// exits, and ends at once when killed, the daemon with it.
+func TestLingerCgroup(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		spec := sh("linger-cgroup", `nohup setsid sh -c 'sleep 0.5' >/dev/null 2>&1 & echo started`)
+		spec.LingerCgroup = true
+		t0 := time.Now()
+		if res, out := run(t, m, spec); res.ExitCode != 0 || out != "started\n" {
+			t.Errorf("linger cgroup: %+v %q", res, out)
+		}
+		if took := time.Since(t0); took < 400*time.Millisecond || took > 5*time.Second {
+			t.Errorf("the job took %s, want about the daemon's 0.5 s", took)
+		}
+
+		spec = sh("linger-cgroup-kill", `nohup setsid sleep 100 >/dev/null 2>&1 & echo $!`)
+		spec.LingerCgroup = true
+		p, err := m.Start(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drained := drain(t, p.Output())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.Wait()
+		}()
+		select {
+		case <-done:
+			t.Fatal("the job ended while its daemon ran")
+		case <-time.After(300 * time.Millisecond):
+		}
+		p.Kill()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a killed job did not end")
+		}
+		if pid := strings.TrimSpace(drained()); pid == "" || running(pid) {
+			t.Errorf("daemon %q survived the kill", pid)
+		}
+	})
+}
+
+// running reports whether a process exists and is not a zombie.
+func running(pid string) bool {
+	status, err := os.ReadFile("/proc/" + pid + "/status")
+	return err == nil && !strings.Contains(string(status), "State:\tZ")
 }
 
 // TestLinger: a lingering job lasts until its output closes: a background child still printing is

@@ -73,8 +73,9 @@ type Process struct {
 	killAt  time.Time      // when a kill's grace ends and everything left gets SIGKILL
 	kicked  chan struct{}  // closed by the first Kill
 	escal   sync.WaitGroup // escalate, which Wait waits for
-	// linger keeps the job after its main process exits, until its output closes (Spec.Linger).
-	linger bool
+	// linger keeps the job after its main process exits, until its output closes (Spec.Linger);
+	// lingerCgroup until its cgroup is empty (Spec.LingerCgroup).
+	linger, lingerCgroup bool
 
 	// killMu serialises cgroup kills between escalate and the finishing goroutine.
 	killMu sync.Mutex
@@ -182,7 +183,7 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 	p := &Process{
 		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{}), tty: term != nil}, errs: errs, in: in, done: make(chan struct{}),
 		tty: term != nil, readonly: spec.Readonly, hasInput: in != nil, input: inputID,
-		kicked: make(chan struct{}), release: release, linger: spec.Linger,
+		kicked: make(chan struct{}), release: release, linger: spec.Linger, lingerCgroup: spec.LingerCgroup,
 		joined: make(chan error, 1), launched: make(chan error, 1),
 	}
 	if spec.Readonly {
@@ -293,9 +294,12 @@ func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool)
 	var res Result
 	var errs []error
 	p.mu.Lock()
-	linger := p.linger
+	linger, lingerCgroup := p.linger, p.lingerCgroup
 	p.mu.Unlock()
-	if linger && ok {
+	if lingerCgroup && ok {
+		waitEmptyOrKicked(g.pids, p.kicked)
+	}
+	if (linger || lingerCgroup) && ok {
 		for _, o := range []*output{p.out, p.errs} {
 			if o == nil {
 				continue

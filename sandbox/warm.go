@@ -218,7 +218,7 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, env []byte, l
 		return early(err)
 	}
 	warmRelease := p.release
-	p.g, p.release, p.linger = g, release, spec.Linger
+	p.g, p.release, p.linger, p.lingerCgroup = g, release, spec.Linger, spec.LingerCgroup
 	if readonly {
 		// What Activity knows of a readonly job, as start sets it for a cold one.
 		p.readonly, p.supervisor = true, spec.Path

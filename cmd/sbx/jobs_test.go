@@ -40,6 +40,27 @@ func TestAgentShell(t *testing.T) {
 		t.Errorf("--linger: %q, %v; want the background child's line too", out, err)
 	}
 
+	// A daemon that redirected its output ends a --linger job at once (killed); with
+	// --linger-cgroup it stays the job's, running until killed with it.
+	out, err = s.sbx(t, "run", "--linger-cgroup", "--", "nohup setsid sleep 60 >/dev/null 2>&1 & echo $!")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = strings.TrimSpace(out)
+	if out, err := s.sbx(t, "wait", "--pattern", `^\d+$`, "--timeout", "20s", id); err != nil {
+		t.Fatalf("wait for the daemon's pid: %q, %v", out, err)
+	}
+	if j, err := s.c.Wait(t.Context(), id, 500*time.Millisecond, ""); err != nil || j.Done || !j.Job.LingerCgroup {
+		t.Fatalf("--linger-cgroup job with a daemon: %+v, %v", j, err)
+	}
+	daemon, _ := s.sbx(t, "logs", id)
+	if _, err := s.sbx(t, "kill", id); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := s.c.Wait(t.Context(), id, 20*time.Second, ""); err != nil || !j.Done || alive(strings.TrimSpace(daemon)) {
+		t.Errorf("killed --linger-cgroup job: %+v, %v; daemon %s alive %v", j, err, daemon, alive(strings.TrimSpace(daemon)))
+	}
+
 	// A kill gives the job's children their grace, after the shell died of its SIGTERM.
 	out, err = s.sbx(t, "run", "--", "(trap 'sleep 0.3; echo cleaned up; exit 0' TERM; while :; do sleep 0.05; done) & echo ready; wait")
 	if err != nil {

@@ -507,7 +507,7 @@ func TestNotifyEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	id = strings.TrimSpace(out)
-	got = s.events(t, "e2e", "task_id: "+id+"\ntitle: sh -c 'for i in $(seq 20); do echo ERR $i; done'\ntool_call_id: "+id+"\noutput_path: ")
+	got = s.events(t, "e2e", "task_id: "+id+"\ntitle: sh -c 'for i in $(seq 20); do echo ERR $i; done'\ntool_call_id: "+id+"\n</task>")
 	if n := strings.Count(got, "<system_notification>"); n != 3 {
 		t.Fatalf("got %d notifications, want the first match, the 19 more and the end (the --wait job sends none):\n%s", n, got)
 	}
@@ -524,15 +524,15 @@ func TestNotifyEndToEnd(t *testing.T) {
 	}
 	id = strings.TrimSpace(out)
 	got = ""
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(got, "<task-id>"+id) && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(got, "<task_id>"+id) && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		out, err := s.sbx(t, "events", "--session", "e2e", "--format", "task_notification")
 		if err != nil {
 			t.Fatal(err)
 		}
 		got += out
 	}
-	if !strings.HasPrefix(got, "<task-notification>\n<task-id>"+id+"</task-id>\n") || strings.Count(got, "</task-notification>") != 1 ||
-		!strings.Contains(got, `<summary>Background command "sh -c 'echo "&lt;/task-notification&gt;"; exit 3'" failed with exit code 3</summary>`) {
+	if !strings.HasPrefix(got, "<task-notification>\n<task_id>"+id+"</task_id>\n") || strings.Count(got, "</task-notification>") != 1 ||
+		!strings.Contains(got, `<summary>Async command "sh -c 'echo "&lt;/task-notification&gt;"; exit 3'" failed with exit code 3</summary>`) {
 		t.Fatalf("task_notification:\n%s", got)
 	}
 
