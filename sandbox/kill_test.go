@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -83,13 +82,16 @@ func TestLingerCgroup(t *testing.T) {
 			t.Errorf("the job took %s, want about the daemon's 0.5 s", took)
 		}
 
-		spec = sh("linger-cgroup-kill", `nohup setsid sleep 100 >/dev/null 2>&1 & echo $!`)
+		// The daemon is found on the host by its argument: the job's $! is its pid in the job's own
+		// pid namespace.
+		arg := daemonArg()
+		spec = sh("linger-cgroup-kill", `nohup setsid sleep `+arg+` >/dev/null 2>&1 & echo started`)
 		spec.LingerCgroup = true
 		p, err := m.Start(spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		drained := drain(t, p.Output())
+		drain(t, p.Output())
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -100,22 +102,19 @@ func TestLingerCgroup(t *testing.T) {
 			t.Fatal("the job ended while its daemon ran")
 		case <-time.After(300 * time.Millisecond):
 		}
+		if d := survivors(t, arg); len(d) != 1 {
+			t.Fatalf("daemons running before the kill: %v, want one", d)
+		}
 		p.Kill()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
 			t.Fatal("a killed job did not end")
 		}
-		if pid := strings.TrimSpace(drained()); pid == "" || running(pid) {
-			t.Errorf("daemon %q survived the kill", pid)
+		if d := survivors(t, arg); len(d) != 0 {
+			t.Errorf("daemon %v survived the kill", d)
 		}
 	})
-}
-
-// running reports whether a process exists and is not a zombie.
-func running(pid string) bool {
-	status, err := os.ReadFile("/proc/" + pid + "/status")
-	return err == nil && !strings.Contains(string(status), "State:\tZ")
 }
 
 // TestLinger: a lingering job lasts until its output closes: a background child still printing is
