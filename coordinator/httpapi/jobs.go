@@ -368,15 +368,13 @@ func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	session := b.Session
-	if session == "" {
-		session = r.Header.Get("Sbx-Session")
-	}
-	if session == "" {
-		session = "default"
+	from, err := session(r, b.Session)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	// A kill from the job's own session is observed: no finished notification follows.
-	if err := s.svc.KillFrom(r.Context(), session, id, b.Signal); err != nil {
+	if err := s.svc.KillFrom(r.Context(), from, id, b.Signal); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -246,6 +246,8 @@ func TestSessionChecked(t *testing.T) {
 		{"open session body", "POST", "/v1/sessions", map[string]any{"id": "../x"}, nil, `id "../x"`},
 		{"end session path", "DELETE", "/v1/sessions/..%2Fx", nil, nil, `session id "../x"`},
 		{"wait header", "GET", "/v1/jobs/x/wait", nil, []string{"Sbx-Session", "../x"}, `Sbx-Session header "../x"`},
+		{"kill body", "POST", "/v1/jobs/x/kill", map[string]any{"session": "../x"}, nil, `session "../x"`},
+		{"kill header", "POST", "/v1/jobs/x/kill", map[string]any{}, []string{"Sbx-Session", "../x"}, `Sbx-Session header "../x"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var r *reply
