@@ -55,7 +55,7 @@ func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *proto.Event
 	if err := s.jobs.PutJob(ctx, j); err != nil {
 		return err
 	}
-	l.notify()
+	l.wake()
 	return nil
 }
 
@@ -74,7 +74,7 @@ func portNote(j *Job, p Port) note {
 	return note{
 		kind: KindPort, status: NoteSuccess,
 		detail:  "listening on " + where,
-		summary: fmt.Sprintf(`Background command "%s" is listening on %s`, j.Title, where),
+		summary: fmt.Sprintf(`Async command "%s" is listening on %s`, j.Title, where),
 	}
 }
 
@@ -119,7 +119,7 @@ func inputStallNote(j *Job, tail []byte, waited time.Duration) note {
 		kind: KindStall, status: NoteError,
 		detail: fmt.Sprintf("The command is waiting for input: all its processes have been blocked reading its %s for %s. Last output:\n%s\n\n%s",
 			inputName(j), waited.Round(time.Second), last, advice),
-		summary: `Background command "` + j.Title + `" is waiting for input`,
+		summary: `Async command "` + j.Title + `" is waiting for input`,
 		event:   last,
 		advice:  advice,
 	}

@@ -41,7 +41,7 @@ func TestInputStall(t *testing.T) {
 	n := notes[0]
 	if n.Kind != coordinator.KindStall || n.Status != coordinator.NoteError ||
 		!strings.Contains(n.Detail, "The command is waiting for input: all its processes have been blocked reading its standard input for 11s. Last output:\n\x1b[1mname\x1b[0m\n\nAnswer it with `sbx send "+id+" TEXT`") ||
-		n.Summary != `Background command "setup" is waiting for input` {
+		n.Summary != `Async command "setup" is waiting for input` {
 		t.Fatalf("stall: %+v", n)
 	}
 	task := coordinator.RenderTask(n)
@@ -115,7 +115,7 @@ func TestPorts(t *testing.T) {
 	e.event(activity(id, 3, now, time.Time{}))
 	e.event(activity(id, 4, now, time.Time{}, proto.Port{Address: "127.0.0.1", Port: 5173}))
 	notes := e.wantNotes("1 port success \"listening on [::1]:24678\"\n2 port success \"listening on 127.0.0.1:5173\"\n")
-	if notes[1].Summary != `Background command "vite" is listening on 127.0.0.1:5173` || !strings.Contains(notes[1].Text, "detail: listening on 127.0.0.1:5173") {
+	if notes[1].Summary != `Async command "vite" is listening on 127.0.0.1:5173` || !strings.Contains(notes[1].Text, "detail: listening on 127.0.0.1:5173") {
 		t.Fatalf("port notification %+v", notes[1])
 	}
 	e.exit(id, proto.ReasonKilled, 143, 0)

@@ -3,8 +3,6 @@ package coordinator
 import (
 	"context"
 	"crypto/rand"
-	"io"
-	"time"
 )
 
 // addNotesLocked stores notes about l's job and wakes the readers of notifications. s.mu is held.
@@ -31,7 +29,7 @@ func (s *Service) addNotesLocked(ctx context.Context, l *liveJob, notes []note) 
 		nn := &Notification{
 			ID: id, Session: j.Session, Kind: n.kind, Status: n.status, JobID: j.ID, Title: title,
 			Detail: n.detail, OutputPath: j.OutputPath, CreatedAt: now, Summary: n.summary, Event: n.event, Advice: n.advice,
-			Format: s.formatLocked(j),
+			ToolCallID: j.ToolCallID, Format: s.formatLocked(j),
 		}
 		nn.Text = RenderAs(nn, nn.Format)
 		all = append(all, nn)
@@ -73,10 +71,7 @@ func (l *liveJob) endNotified() bool {
 	return l.watch != nil && l.watch.monStopped
 }
 
-// stallReadBytes is how much of the output's end is read to look for a prompt.
-const stallReadBytes = 8 << 10
-
-// checkNotes closes the debounce windows whose time has come and notifies stalls.
+// checkNotes closes the debounce windows whose time has come and checks for stalls (stall.go).
 func (s *Service) checkNotes(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -91,39 +86,6 @@ func (s *Service) checkNotes(ctx context.Context) {
 				s.cfg.Logger.Error("store output notification", "job", l.job.ID, "err", err)
 			}
 		}
-		// A stall notifies once per job, as Claude Code's does, and never for a monitor, whose
-		// quiet spells are its normal state.
-		if l.job.Monitor || l.stallNotified || l.job.Status != StatusRunning {
-			continue
-		}
-		if s.inputStallLocked(ctx, l, now) {
-			continue
-		}
-		if l.stallChecked || l.size == 0 || now.Sub(l.lastGrowth) < s.cfg.StallAfter {
-			continue
-		}
-		l.stallChecked = true
-		tail, err := s.tailLocked(l)
-		if err != nil {
-			s.cfg.Logger.Warn("read output tail", "job", l.job.ID, "err", err)
-			continue
-		}
-		if n, ok := stallNote(l.job, screenText(l.job, tail), now.Sub(l.lastGrowth).Truncate(time.Second)); ok {
-			l.stallNotified = true
-			if err := s.addNotesLocked(ctx, l, []note{n}); err != nil {
-				s.cfg.Logger.Error("store stall notification", "job", l.job.ID, "err", err)
-			}
-		}
+		s.checkStallLocked(ctx, l, now)
 	}
-}
-
-// tailLocked reads the last stallReadBytes of the job's gap-free output. s.mu is held.
-func (s *Service) tailLocked(l *liveJob) ([]byte, error) {
-	off := max(0, l.size-stallReadBytes)
-	rc, err := s.out.Open(l.job.ID, off, l.size-off)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	return io.ReadAll(rc)
 }

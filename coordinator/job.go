@@ -90,6 +90,10 @@ type Job struct {
 	Persistent bool          `json:"persistent,omitempty"`
 	// NotificationFormat is the format of the job's notifications ("": its session's).
 	NotificationFormat Format `json:"notification_format,omitempty"`
+	// ToolCallID is the agent's tool call that started the job, echoed in its notifications.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// LingerCgroup keeps the job until its cgroup is empty (StartRequest.LingerCgroup).
+	LingerCgroup bool `json:"linger_cgroup,omitempty"`
 	// Observed is set when the end was seen by a waiting caller, so no finished notification was sent.
 	Observed bool `json:"observed,omitempty"`
 	// TTY runs the job on a pseudo-terminal of TTYSize (nil: 24×80).

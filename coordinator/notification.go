@@ -70,6 +70,8 @@ type Notification struct {
 	CreatedAt  time.Time        `json:"created_at"`
 	Summary    string           `json:"summary,omitempty"`
 	Event      string           `json:"event,omitempty"`
+	// ToolCallID is the tool call that started the job, as its start named it ("": none).
+	ToolCallID string `json:"tool_call_id,omitempty"`
 	// Advice is what a stall's <task-notification> form ends with ("": stallAdvice).
 	Advice string `json:"advice,omitempty"`
 	// Format is the format Text is written in.
@@ -89,10 +91,18 @@ func RenderAs(n *Notification, f Format) string {
 // harness can put into a model's context as it is. It has no trailing newline. What came from the
 // job is escaped (&, <, >), so that output cannot close the frame or open one, and the lines of a
 // multi-line value after its first are indented, so that none reads as a field of the task.
+//
+// A job's end is written as the background shell tool writes it: a detail only for an error (the
+// exit code), no output_path; an abort's reason stays in the notification's JSON fields.
+// tool_call_id is the start's tool call, else the job's id.
 func Render(n *Notification) string {
 	verb := "has notified"
 	if n.Kind == KindFinished {
 		verb = "has finished"
+	}
+	toolCall := n.ToolCallID
+	if toolCall == "" {
+		toolCall = n.JobID
 	}
 	var b strings.Builder
 	b.WriteString("<system_notification>\nThe following task ")
@@ -101,11 +111,11 @@ func Render(n *Notification) string {
 	b.WriteString("status: " + n.Status + "\n")
 	b.WriteString("task_id: " + escape(n.JobID) + "\n")
 	b.WriteString("title: " + escape(oneLine(n.Title)) + "\n")
-	b.WriteString("tool_call_id: " + escape(n.JobID) + "\n")
-	if n.Detail != "" {
+	b.WriteString("tool_call_id: " + escape(oneLine(toolCall)) + "\n")
+	if n.Detail != "" && (n.Kind != KindFinished || n.Status == NoteError) {
 		b.WriteString("detail: " + indent(escape(n.Detail)) + "\n")
 	}
-	if n.OutputPath != "" {
+	if n.OutputPath != "" && n.Kind != KindFinished {
 		b.WriteString("output_path: " + escape(n.OutputPath) + "\n")
 	}
 	b.WriteString("</task>\n</system_notification>\nBriefly inform the user about the task result and perform any follow-up actions (if needed).")
@@ -115,36 +125,41 @@ func Render(n *Notification) string {
 // stallAdvice ends a stall notification in the <task-notification> form, as Claude Code's does.
 const stallAdvice = "The command is likely blocked on an interactive prompt. Kill this task and re-run with piped input (e.g., `echo y | command`) or a non-interactive flag if one exists."
 
-// RenderTask returns the notification in Claude Code's <task-notification> format: the element
-// with task-id, output-file, status (only for a job's end: completed, failed or killed) and
-// summary, then the event's lines, if any; after it, for a job's end, where to read the output,
-// and for a stall, the last output and what to do. It has no trailing newline and escapes what
-// came from the job (&, <, >).
+// RenderTask returns the notification in Claude Code's <task-notification> format, element for
+// element as the async-bash tool builds it: task_id, tool_use_id (only when the start named a tool
+// call), output_file, status (for an end only: completed, failed or killed; none for a stall) and
+// summary; then <event> for a watcher's event (an output match, monitor lines), which the element
+// carries in Claude Code's Monitor. After it a stall adds the last output and what to do. It has no
+// trailing newline and escapes what came from the job (&, <, >).
 func RenderTask(n *Notification) string {
 	var b strings.Builder
-	b.WriteString("<task-notification>\n<task-id>" + escape(n.JobID) + "</task-id>\n")
-	if n.OutputPath != "" && n.Kind != KindMonitor {
-		b.WriteString("<output-file>" + escape(n.OutputPath) + "</output-file>\n")
+	b.WriteString("<task-notification>\n<task_id>" + escape(n.JobID) + "</task_id>\n")
+	if n.ToolCallID != "" {
+		b.WriteString("<tool_use_id>" + escape(oneLine(n.ToolCallID)) + "</tool_use_id>\n")
 	}
-	if n.Kind == KindFinished {
+	b.WriteString("<output_file>" + escape(n.OutputPath) + "</output_file>\n")
+	if isEnd(n) {
 		b.WriteString("<status>" + taskStatus(n.Status) + "</status>\n")
 	}
 	b.WriteString("<summary>" + escape(oneLine(n.Summary)) + "</summary>\n")
-	if n.Event != "" && n.Kind != KindStall {
+	if n.Event != "" && n.Kind != KindStall && !isEnd(n) {
 		b.WriteString("<event>" + escape(n.Event) + "</event>\n")
 	}
 	b.WriteString("</task-notification>")
-	switch {
-	case n.Kind == KindStall:
+	if n.Kind == KindStall {
 		advice := stallAdvice
 		if n.Advice != "" {
 			advice = escape(n.Advice)
 		}
 		b.WriteString("\nLast output:\n" + escape(n.Event) + "\n\n" + advice)
-	case n.Kind == KindFinished && n.OutputPath != "":
-		b.WriteString("\nRead the output file to retrieve the result: " + escape(n.OutputPath))
 	}
 	return b.String()
+}
+
+// isEnd reports whether a notification is a job's last word: its end, or a monitor's stop (which
+// the finished notification of the killed job does not follow).
+func isEnd(n *Notification) bool {
+	return n.Kind == KindFinished || n.Kind == KindLimit && n.Status == NoteAborted
 }
 
 // taskStatus is the <task-notification> status of a job's end.

@@ -68,10 +68,16 @@ var renderCases = []renderCase{
 	{"finished, error", func(t *testing.T) *coordinator.Notification {
 		return last(t, nil, coordinator.StartRequest{Title: "unit tests"}, exitWith(proto.ReasonExit, 1, 0, ""))
 	}},
+	{"finished, error: the start named its tool call", func(t *testing.T) *coordinator.Notification {
+		return last(t, nil, coordinator.StartRequest{Title: "unit tests", ToolCallID: "toolu_01A9cYdtb7sKp2CmEJk3RwLq"}, exitWith(proto.ReasonExit, 1, 0, ""))
+	}},
+	{"finished, error: a monitor's script failed", func(t *testing.T) *coordinator.Notification {
+		return last(t, nil, coordinator.StartRequest{Title: "errors in deploy.log", Monitor: true}, exitWith(proto.ReasonExit, 2, 0, ""))
+	}},
 	{"finished, error: the command could not start", func(t *testing.T) *coordinator.Notification {
 		return last(t, nil, coordinator.StartRequest{Title: "unit tests"}, exitWith(proto.ReasonStartFailed, -1, 0, "exec: \"npm\": executable file not found in $PATH"))
 	}},
-	{"finished, aborted: killed on request", func(t *testing.T) *coordinator.Notification {
+	{"finished, aborted: killed from another session", func(t *testing.T) *coordinator.Notification {
 		return last(t, nil, coordinator.StartRequest{Title: "dev server"}, exitWith(proto.ReasonKilled, 143, 15, "killed on request"))
 	}},
 	{"finished, aborted: a signal", func(t *testing.T) *coordinator.Notification {
@@ -200,12 +206,21 @@ task_id: 123456
 title: unit tests
 tool_call_id: 123456
 detail: exit_code=1
-output_path: /var/lib/sbx/terminals/123456.txt
 </task>
 </system_notification>
 Briefly inform the user about the task result and perform any follow-up actions (if needed).`
 	if got := coordinator.Render(n); got != want {
 		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+	// The caller's tool call is named; an abort's reason stays out of the text, as the seed's does.
+	n.ToolCallID, n.Status, n.Detail = "toolu_01", "aborted", "reason=timeout"
+	if got := coordinator.Render(n); !strings.Contains(got, "\ntool_call_id: toolu_01\n") || strings.Contains(got, "detail:") || strings.Contains(got, "output_path:") {
+		t.Fatalf("aborted rendering:\n%s", got)
+	}
+	wantTask := "<task-notification>\n<task_id>123456</task_id>\n<tool_use_id>toolu_01</tool_use_id>\n<output_file>/var/lib/sbx/terminals/123456.txt</output_file>\n" +
+		"<status>killed</status>\n<summary></summary>\n</task-notification>"
+	if got := coordinator.RenderTask(n); got != wantTask {
+		t.Fatalf("task rendering:\n%s\nwant\n%s", got, wantTask)
 	}
 	n.Kind, n.Detail, n.OutputPath = coordinator.KindOutput, "", ""
 	got := coordinator.Render(n)
@@ -285,7 +300,7 @@ func TestFormats(t *testing.T) {
 		t.Fatalf("reopened session %+v, %v", st, err)
 	}
 	notes := e.notes("claude", 0)
-	if len(notes) != 2 || notes[0].Format != coordinator.FormatTask || !strings.HasPrefix(notes[0].Text, "<task-notification>\n<task-id>"+inClaude+"</task-id>") ||
+	if len(notes) != 2 || notes[0].Format != coordinator.FormatTask || !strings.HasPrefix(notes[0].Text, "<task-notification>\n<task_id>"+inClaude+"</task_id>") ||
 		notes[1].Format != coordinator.FormatSystem || !strings.HasPrefix(notes[1].Text, "<system_notification>") {
 		t.Fatalf("stored texts:\n%+v", notes)
 	}

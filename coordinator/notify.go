@@ -14,12 +14,14 @@ import (
 
 // Bounds of output notifications (see docs/notifications.md).
 const (
-	// MaxNotifyPattern and MaxNotifyReason bound notify_on_output's pattern and reason, in characters.
+	// MaxNotifyPattern bounds notify_on_output's pattern, in characters; MaxNotifyReason is where a
+	// longer reason (the notifications' title) is cut, with "...", as the seed tools cut it.
 	MaxNotifyPattern = 500
 	MaxNotifyReason  = 500
-	// DefaultDebounce is the debounce window when the request sets none; it is also the minimum.
+	// DefaultDebounce is the debounce window when the request sets none; it is also the minimum: a
+	// shorter one is raised to it, as the seed tools raise it.
 	DefaultDebounce = 5 * time.Second
-	// MaxDebounce bounds the debounce window.
+	// MaxDebounce bounds the debounce window; a longer one is lowered to it.
 	MaxDebounce = time.Hour
 	// MaxMatches is how many matches of a job are notified; the last one sends the limit notice too.
 	MaxMatches = 100
@@ -28,6 +30,11 @@ const (
 	MaxMatchText = 5000
 	// maxLine is the longest partial line held; a longer one is handled as a line of its own.
 	maxLine = 64 << 10
+	// matchChunk is the most output matched at once, and matchCarry how many characters of the
+	// output before it are matched with it, so that a match can span lines and chunks: pi-pstack's
+	// output watch (pi.15) matches its stream so.
+	matchChunk = 64 << 10
+	matchCarry = 1024
 	// stallTail is how many lines of output a stall notification quotes.
 	stallTail = 10
 )
@@ -50,15 +57,11 @@ func (o *OutputNotify) validate(minDebounce time.Duration) error {
 	if _, err := regexp.Compile(o.Pattern); err != nil {
 		return Errorf(EINVALID, "notify_on_output.pattern is not a valid RE2 expression: %v.", err)
 	}
-	if n := utf8.RuneCountInString(o.Reason); n > MaxNotifyReason {
-		return Errorf(EINVALID, "notify_on_output.reason is %d characters; the limit is %d.", n, MaxNotifyReason)
+	o.Reason = cutTitle(strings.TrimSpace(o.Reason))
+	if o.DebounceMS < 0 {
+		return Errorf(EINVALID, "notify_on_output.debounce_ms must not be negative.")
 	}
-	if o.DebounceMS == 0 {
-		o.DebounceMS = DefaultDebounce.Milliseconds()
-	}
-	if o.DebounceMS < minDebounce.Milliseconds() || o.DebounceMS > MaxDebounce.Milliseconds() {
-		return Errorf(EINVALID, "notify_on_output.debounce_ms must be between %d and %d.", minDebounce.Milliseconds(), MaxDebounce.Milliseconds())
-	}
+	o.DebounceMS = min(max(o.DebounceMS, minDebounce.Milliseconds()), MaxDebounce.Milliseconds())
 	return nil
 }
 
@@ -74,19 +77,24 @@ type note struct {
 	advice  string // a stall's own advice ("": stallAdvice)
 }
 
-// watch follows one job's output line by line: it matches notify_on_output's pattern, debouncing,
-// and collects a monitor's lines. It sees only the gap-free body, in order. Its owner holds s.mu.
-type watch struct {
+// outputWatch follows one job's output: it matches notify_on_output's pattern over the stream,
+// debouncing, and collects a monitor's lines. It sees only the gap-free body, in order. Its owner
+// holds s.mu.
+type outputWatch struct {
 	jobTitle string
 	re       *regexp.Regexp
 	pattern  string
 	title    string // the title of the job's output notifications: the reason
 	debounce time.Duration
-	// partial holds each stream's unfinished last line: [0] stdout (or both, interleaved), [1] the
-	// stderr of a job that reads it apart.
-	partial [2][]byte
+	// partial holds stdout's unfinished last line, for a monitor's events.
+	partial []byte
+	// held is each stream's output not matched yet: its unfinished last line (a match waits for the
+	// line's end, so that `Local:.*` quotes the whole line); carry the last matchCarry characters
+	// of what each stream matched, which the next chunk is matched with.
+	held  [2][]byte
+	carry [2]string
 
-	matches   int       // lines that matched so far
+	matches   int       // matches so far
 	windowEnd time.Time // end of the debounce window; zero when none is open
 	pending   int       // matches inside the window not yet notified
 	latest    string    // the text of the latest pending match
@@ -107,15 +115,16 @@ type watch struct {
 	notes []note
 }
 
-// newWatch returns the watch of a job, or nil when nothing watches its output.
-func newWatch(j *Job, cfg *Config) *watch {
+// newOutputWatch returns the watch of a job, or nil when nothing watches its output.
+func newOutputWatch(j *Job, cfg *Config) *outputWatch {
 	if j.Notify == nil && !j.Monitor {
 		return nil
 	}
-	w := &watch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow, tty: j.TTY}
+	w := &outputWatch{jobTitle: j.Title, monitor: j.Monitor, monMax: cfg.MonitorMaxLines, monWindow: cfg.MonitorWindow, tty: j.TTY}
 	if j.Notify != nil {
 		// The pattern was checked at the start; a stored one that no longer compiles watches nothing.
-		re, err := regexp.Compile(j.Notify.Pattern)
+		// Multiline, as the seed compiles it: ^ and $ match at line boundaries.
+		re, err := regexp.Compile("(?m:" + j.Notify.Pattern + ")")
 		if err == nil {
 			w.re, w.pattern = re, j.Notify.Pattern
 			w.title = matchTitle(j.Notify)
@@ -125,15 +134,19 @@ func newWatch(j *Job, cfg *Config) *watch {
 	return w
 }
 
-// matchTitle is the title of a job's output notifications: the reason, else a sentence naming the
-// pattern, cut to MaxNotifyReason characters as Cursor cuts it.
+// matchTitle is the title of a job's output notifications: the reason (cut at the start), else a
+// sentence naming the pattern, cut the same way.
 func matchTitle(n *OutputNotify) string {
-	t := strings.TrimSpace(n.Reason)
-	if t == "" {
-		t = "Shell output contains /" + n.Pattern + "/"
+	if t := strings.TrimSpace(n.Reason); t != "" {
+		return t
 	}
+	return cutTitle("Shell output contains /" + n.Pattern + "/")
+}
+
+// cutTitle cuts a title longer than MaxNotifyReason characters there, with "...", as Cursor does.
+func cutTitle(t string) string {
 	if r := []rune(t); len(r) > MaxNotifyReason {
-		t = string(r[:MaxNotifyReason]) + "..."
+		return string(r[:MaxNotifyReason]) + "..."
 	}
 	return t
 }
@@ -141,48 +154,105 @@ func matchTitle(n *OutputNotify) string {
 // feed takes newly contiguous output bytes of one stream: stdout (or both interleaved), or the
 // stderr of a job that reads it apart. A monitor's events are stdout lines only, as Claude Code's
 // Monitor's are; notify_on_output matches the lines of both.
-func (w *watch) feed(p []byte, stderr bool, now time.Time) {
+func (w *outputWatch) feed(p []byte, stderr bool, now time.Time) {
 	s := 0
 	if stderr {
 		s = 1
 	}
+	if w.monitor && !stderr {
+		w.lines(p, now)
+	}
+	w.scan(s, p, false, now)
+	w.flushMonitor()
+}
+
+// lines splits stdout's bytes into a monitor's lines.
+func (w *outputWatch) lines(p []byte, now time.Time) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
-			w.partial[s] = append(w.partial[s], p...)
-			if len(w.partial[s]) >= maxLine {
-				w.line(string(w.partial[s]), stderr, now)
-				w.partial[s] = w.partial[s][:0]
+			w.partial = append(w.partial, p...)
+			if len(w.partial) >= maxLine {
+				w.line(string(w.partial), now)
+				w.partial = w.partial[:0]
 			}
 			break
 		}
 		var line string
-		if len(w.partial[s]) > 0 {
-			line = string(append(w.partial[s], p[:i]...))
-			w.partial[s] = w.partial[s][:0]
+		if len(w.partial) > 0 {
+			line = string(append(w.partial, p[:i]...))
+			w.partial = w.partial[:0]
 		} else {
 			line = string(p[:i])
 		}
-		w.line(strings.TrimRight(line, "\r"), stderr, now)
+		w.line(strings.TrimRight(line, "\r"), now)
 		p = p[i+1:]
 	}
-	w.flushMonitor()
+}
+
+// scan matches the pattern over a stream: the bytes up to the last newline held and given, in
+// chunks of at most matchChunk bytes, each with the carry of what came before it. A match counts
+// once: when it ends in the new chunk. final matches what is held, the job having ended.
+func (w *outputWatch) scan(s int, p []byte, final bool, now time.Time) {
+	if w.re == nil {
+		return
+	}
+	w.held[s] = append(w.held[s], p...)
+	n := bytes.LastIndexByte(w.held[s], '\n') + 1
+	if final || len(w.held[s])-n >= maxLine {
+		n = len(w.held[s])
+	}
+	ready := w.held[s][:n]
+	if w.tty {
+		// A terminal's output is matched as its text: a pattern does not see colours or cursor moves
+		// (the held rest starts on a line, where escape sequences seldom straddle).
+		ready = StripANSI(ready)
+	}
+	for len(ready) > 0 && !w.limited && !w.monStopped {
+		k := min(len(ready), matchChunk)
+		for k < len(ready) && !utf8.RuneStart(ready[k]) {
+			k-- // a chunk ends at a character's end
+		}
+		if k == 0 {
+			k = min(len(ready), matchChunk)
+		}
+		text := w.carry[s] + strings.ReplaceAll(string(ready[:k]), "\r\n", "\n")
+		for _, loc := range w.re.FindAllStringIndex(text, -1) {
+			if loc[1] > len(w.carry[s]) && !w.limited {
+				w.match(text[loc[0]:loc[1]], now)
+			}
+		}
+		w.carry[s] = lastRunes(text, matchCarry)
+		ready = ready[k:]
+	}
+	w.held[s] = append(w.held[s][:0], w.held[s][n:]...)
+}
+
+// lastRunes is the end of s, at most n characters.
+func lastRunes(s string, n int) string {
+	i := len(s)
+	for ; i > 0 && n > 0; n-- {
+		_, size := utf8.DecodeLastRuneInString(s[:i])
+		i -= size
+	}
+	return s[i:]
 }
 
 // end handles the held partial lines and flushes what is pending: the job ended.
-func (w *watch) end(now time.Time) {
-	for s, partial := range w.partial {
-		if len(partial) > 0 {
-			w.line(strings.TrimRight(string(partial), "\r"), s == 1, now)
-			w.partial[s] = nil
-		}
+func (w *outputWatch) end(now time.Time) {
+	if len(w.partial) > 0 {
+		w.line(strings.TrimRight(string(w.partial), "\r"), now)
+		w.partial = nil
+	}
+	for s := range w.held {
+		w.scan(s, nil, true, now)
 	}
 	w.flushMonitor()
 	w.flushMatches()
 }
 
 // tick closes the debounce window when its time has come, sending what it counted.
-func (w *watch) tick(now time.Time) {
+func (w *outputWatch) tick(now time.Time) {
 	if w.windowEnd.IsZero() || now.Before(w.windowEnd) {
 		return
 	}
@@ -194,36 +264,34 @@ func (w *watch) tick(now time.Time) {
 	w.windowEnd = time.Time{}
 }
 
-func (w *watch) line(line string, stderr bool, now time.Time) {
+// line takes one of a monitor's lines.
+func (w *outputWatch) line(line string, now time.Time) {
 	if w.tty {
 		line = strings.TrimRight(string(StripANSI([]byte(line))), "\r")
 	}
 	if w.monStopped {
 		return // the stop notice was the monitor's last word
 	}
-	if w.monitor && !stderr {
-		if w.monStart.IsZero() || now.Sub(w.monStart) >= w.monWindow {
-			w.monStart, w.monCount = now, 0
-		}
-		w.monCount++
-		if w.monCount > w.monMax {
-			w.flushMonitor()
-			w.flushMatches()
-			w.monStopped = true
-			stop := fmt.Sprintf("[Monitor stopped — too much output (more than %d lines in %s). Restart with a more selective source.]", w.monMax, w.monWindow)
-			w.notes = append(w.notes, note{kind: KindLimit, status: NoteAborted, detail: stop, summary: monitorEvent(w.jobTitle), event: stop})
-			return
-		}
-		w.monLines = append(w.monLines, describe(line, "line"))
+	if w.monStart.IsZero() || now.Sub(w.monStart) >= w.monWindow {
+		w.monStart, w.monCount = now, 0
 	}
-	if w.re == nil || w.limited {
+	w.monCount++
+	if w.monCount > w.monMax {
+		w.flushMonitor()
+		w.flushMatches()
+		w.monStopped = true
+		stop := fmt.Sprintf("[Monitor stopped — too much output (more than %d lines in %s). Restart with a more selective source.]", w.monMax, w.monWindow)
+		// The <task-notification> is the async-bash tool's terminal notice of a firehose.
+		summary := fmt.Sprintf(`Monitor "%s" stopped (too many events (>%d/%ss) — restart with a tighter filter)`,
+			w.jobTitle, w.monMax, strconv.FormatFloat(w.monWindow.Seconds(), 'f', -1, 64))
+		w.notes = append(w.notes, note{kind: KindLimit, status: NoteAborted, detail: stop, summary: summary})
 		return
 	}
-	loc := w.re.FindStringIndex(line)
-	if loc == nil {
-		return
-	}
-	text := line[loc[0]:loc[1]]
+	w.monLines = append(w.monLines, describe(line, "line"))
+}
+
+// match takes one match of the pattern, with the text it matched.
+func (w *outputWatch) match(text string, now time.Time) {
 	w.tick(now)
 	w.matches++
 	if w.windowEnd.IsZero() {
@@ -247,7 +315,7 @@ func (w *watch) line(line string, stderr bool, now time.Time) {
 
 // matchNote is the output notification of count matches, the latest being occurrence number n with
 // the matched text; its sentences are Cursor's.
-func (w *watch) matchNote(count, n int, text string) note {
+func (w *outputWatch) matchNote(count, n int, text string) note {
 	label := "Latest match"
 	if n == 1 {
 		label = "Matched text"
@@ -265,7 +333,7 @@ func (w *watch) matchNote(count, n int, text string) note {
 	return note{kind: KindOutput, status: NoteSuccess, title: w.title, detail: d, summary: monitorEvent(w.title), event: d}
 }
 
-func (w *watch) flushMatches() {
+func (w *outputWatch) flushMatches() {
 	if w.pending == 0 {
 		return
 	}
@@ -273,7 +341,7 @@ func (w *watch) flushMatches() {
 	w.pending, w.latest = 0, ""
 }
 
-func (w *watch) flushMonitor() {
+func (w *outputWatch) flushMonitor() {
 	if len(w.monLines) == 0 {
 		return
 	}
@@ -283,7 +351,7 @@ func (w *watch) flushMonitor() {
 }
 
 // take returns the notes collected since the last call.
-func (w *watch) take() []note {
+func (w *outputWatch) take() []note {
 	n := w.notes
 	w.notes = nil
 	return n
@@ -326,16 +394,17 @@ func stallNote(j *Job, tail []byte, quiet time.Duration) (note, bool) {
 		kind: KindStall, status: NoteError,
 		detail: fmt.Sprintf("The command appears to be waiting for interactive input: no output for %s, and its last line looks like a prompt. Last output:\n%s\n\n%s",
 			quiet.Round(time.Second), last, stallAdvice),
-		summary: `Background command "` + j.Title + `" appears to be waiting for interactive input`,
+		summary: `Async command "` + j.Title + `" appears to be waiting for interactive input`,
 		event:   last,
 	}, true
 }
 
 // finishedNote is the finished notification of an ended job. A success has no detail, a failure
-// its exit code, an abort its reason (and the signal, and why, when known); the summary is Claude
-// Code's sentence.
+// its exit code, an abort its reason (and the signal, and why, when known); the <system_notification>
+// shows the detail of a failure only. The summary is the async-bash tool's sentence, and a failed
+// start (which it has no case for: it reports exit code 127) says why.
 func finishedNote(j *Job) note {
-	subject := `Background command "` + j.Title + `"`
+	subject := `Async command "` + j.Title + `"`
 	if j.Monitor {
 		subject = `Monitor "` + j.Title + `"`
 	}
@@ -348,7 +417,11 @@ func finishedNote(j *Job) note {
 		return n
 	case j.Status == StatusFailed && j.ExitCode != nil:
 		code := strconv.Itoa(*j.ExitCode)
-		return note{kind: KindFinished, status: NoteError, detail: "exit_code=" + code, summary: subject + " failed with exit code " + code}
+		n := note{kind: KindFinished, status: NoteError, detail: "exit_code=" + code, summary: subject + " failed with exit code " + code}
+		if j.Monitor {
+			n.summary = subject + " script failed (exit " + code + ")"
+		}
+		return n
 	case j.Status == StatusFailed:
 		n := note{kind: KindFinished, status: NoteError, detail: "reason=" + j.Reason, summary: subject + " failed to start"}
 		if j.Error != "" {
@@ -358,26 +431,18 @@ func finishedNote(j *Job) note {
 		return n
 	}
 	d := "reason=" + j.Reason
-	why := j.Error
 	if j.Reason == proto.ReasonSignal {
-		sig := signalName(j.Signal)
-		d += " signal=" + sig
-		if why == "" {
-			why = "signal " + sig
-		}
+		d += " signal=" + signalName(j.Signal)
 	}
 	if j.Error != "" {
 		d += " (" + j.Error + ")"
 	}
-	if why == "" {
-		why = j.Reason
-	}
 	n := note{kind: KindFinished, status: NoteAborted, detail: d, summary: subject + " was stopped"}
-	if j.Reason != proto.ReasonKilled {
-		n.summary += " (" + why + ")"
-	}
-	if j.Monitor && j.Reason == proto.ReasonTimeout {
-		n.event = "[Monitor timed out — re-arm if needed.]"
+	if j.Monitor {
+		n.summary = subject + " stopped"
+		if j.Reason == proto.ReasonTimeout && j.Limits.TimeoutMS > 0 {
+			n.summary += fmt.Sprintf(" (timeout after %ds)", (j.Limits.TimeoutMS+500)/1000)
+		}
 	}
 	return n
 }

@@ -212,13 +212,13 @@ func TestFinished(t *testing.T) {
 		status, want string
 		summary      string
 	}{
-		{proto.ReasonExit, "", 0, 0, "success", "", `Background command "unit tests" completed (exit code 0)`},
-		{proto.ReasonExit, "", 1, 0, "error", "exit_code=1", `Background command "unit tests" failed with exit code 1`},
-		{proto.ReasonSignal, "", 139, 11, "aborted", "reason=signal signal=SIGSEGV", `Background command "unit tests" was stopped (signal SIGSEGV)`},
-		{proto.ReasonKilled, "killed on request", 143, 15, "aborted", "reason=killed (killed on request)", `Background command "unit tests" was stopped`},
-		{proto.ReasonTimeout, "timed out after 1000 ms", -1, 0, "aborted", "reason=timeout (timed out after 1000 ms)", `Background command "unit tests" was stopped (timed out after 1000 ms)`},
-		{proto.ReasonOOM, "the memory limit was reached", 137, 9, "aborted", "reason=oom (the memory limit was reached)", `Background command "unit tests" was stopped (the memory limit was reached)`},
-		{proto.ReasonOutputLimit, "", -1, 0, "aborted", "reason=output_limit", `Background command "unit tests" was stopped (output_limit)`},
+		{proto.ReasonExit, "", 0, 0, "success", "", `Async command "unit tests" completed (exit code 0)`},
+		{proto.ReasonExit, "", 1, 0, "error", "exit_code=1", `Async command "unit tests" failed with exit code 1`},
+		{proto.ReasonSignal, "", 139, 11, "aborted", "reason=signal signal=SIGSEGV", `Async command "unit tests" was stopped`},
+		{proto.ReasonKilled, "killed on request", 143, 15, "aborted", "reason=killed (killed on request)", `Async command "unit tests" was stopped`},
+		{proto.ReasonTimeout, "timed out after 1000 ms", -1, 0, "aborted", "reason=timeout (timed out after 1000 ms)", `Async command "unit tests" was stopped`},
+		{proto.ReasonOOM, "the memory limit was reached", 137, 9, "aborted", "reason=oom (the memory limit was reached)", `Async command "unit tests" was stopped`},
+		{proto.ReasonOutputLimit, "", -1, 0, "aborted", "reason=output_limit", `Async command "unit tests" was stopped`},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s %d", tt.reason, tt.code), func(t *testing.T) {
@@ -239,7 +239,8 @@ func TestFinished(t *testing.T) {
 			if n.Kind != coordinator.KindFinished || n.Status != tt.status || n.Detail != tt.want || n.JobID != id || n.Seq != 1 || n.Title != "unit tests" || n.Summary != tt.summary {
 				t.Fatalf("notification %+v, want %s %q %q", n, tt.status, tt.want, tt.summary)
 			}
-			if hasDetail := strings.Contains(n.Text, "\ndetail: "); hasDetail != (tt.want != "") {
+			// The text shows a failure's detail only, and no output_path: the JSON keeps an abort's reason.
+			if hasDetail := strings.Contains(n.Text, "\ndetail: "); hasDetail != (tt.status == "error") || strings.Contains(n.Text, "output_path:") {
 				t.Fatalf("text:\n%s", n.Text)
 			}
 			j, _ := e.svc.Job(t.Context(), id)
@@ -345,6 +346,33 @@ func TestObserved(t *testing.T) {
 			t.Fatalf("want the finished notification, got:\n%s", summary(notes))
 		}
 	})
+	// A kill asked for by the job's own session is the agent's doing: its end notifies nothing. One
+	// from another session, or a signal that is no stop, leaves the end to notify.
+	for _, tc := range []struct {
+		name, session, signal string
+		notes                 int
+	}{
+		{"kill from its own session", "default", "", 0},
+		{"KILL from its own session", "default", "KILL", 0},
+		{"kill from another session", "other", "", 1},
+		{"kill from no session", "", "", 1},
+		{"HUP from its own session", "default", "HUP", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			id := e.start(coordinator.StartRequest{})
+			if err := e.svc.KillFrom(t.Context(), tc.session, id, tc.signal); err != nil {
+				t.Fatal(err)
+			}
+			e.exit(id, proto.ReasonKilled, 143, 0)
+			if notes := e.notes("default", 0); len(notes) != tc.notes {
+				t.Fatalf("got %d notifications, want %d:\n%s", len(notes), tc.notes, summary(notes))
+			}
+			if j, _ := e.svc.Job(t.Context(), id); j.Observed != (tc.notes == 0) {
+				t.Fatalf("job observed %v", j.Observed)
+			}
+		})
+	}
 }
 
 // TestOutputDebounce: the first match notifies at once, later ones in the window are counted into
@@ -377,6 +405,23 @@ func TestOutputDebounce(t *testing.T) {
 			t.Fatalf("notification %+v", n)
 		}
 	}
+}
+
+// TestOutputStream: the pattern is matched over the stream, as pi-pstack's output watch matches
+// it: a match may span lines and chunks, counts once, and quotes what it spans; ^ and $ match at line
+// boundaries.
+func TestOutputStream(t *testing.T) {
+	e := newEnv(t)
+	id := e.start(coordinator.StartRequest{NotifyOnOutput: &coordinator.OutputNotify{Pattern: `(?s)^panic: [^\n]*\n\ngoroutine \d+`, Reason: "panic"}})
+	out := "ok\npanic: boom\n\ngoroutine 7 [running]:\nmain.main()\n"
+	// Split inside the panic, so that no chunk holds the whole match.
+	e.chunk(id, 0, out[:12])
+	e.chunk(id, 12, out[12:22])
+	e.chunk(id, 22, out[22:])
+	e.exit(id, proto.ReasonExit, 2, int64(len(out)))
+	e.wantNotes(`1 output success "Shell output has pattern /(?s)^panic: [^\\n]*\\n\\ngoroutine \\d+/. This is occurrence number 1. Matched text: panic: boom\n\ngoroutine 7. The title message is being displayed to the user."
+2 finished error "exit_code=2"
+`)
 }
 
 // TestOutputWindow: a window that closes sends what it counted; after a quiet window the next match
@@ -471,7 +516,7 @@ func TestStall(t *testing.T) {
 	e.clk.advance(31 * time.Second)
 	notes := e.eventually("default", 1)
 	if len(notes) != 1 || notes[0].Kind != coordinator.KindStall || !strings.Contains(notes[0].Detail, "Last output:\nworking\nOverwrite config.yml? [y/N]\n\nThe command is likely blocked") ||
-		notes[0].Summary != `Background command "init" appears to be waiting for interactive input` || notes[0].Event != "working\nOverwrite config.yml? [y/N]" {
+		notes[0].Summary != `Async command "init" appears to be waiting for interactive input` || notes[0].Event != "working\nOverwrite config.yml? [y/N]" {
 		t.Fatalf("stall: %+v", notes)
 	}
 	e.clk.advance(time.Minute)
@@ -762,10 +807,13 @@ func TestNotificationsRead(t *testing.T) {
 		{"ack unknown", second(e.svc.Ack(ctx, "nope", 1)), coordinator.ENOTFOUND, `"nope"`},
 		{"bad regex", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "("}})), coordinator.EINVALID, "notify_on_output.pattern"},
 		{"long pattern", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: strings.Repeat("a", 501)}})), coordinator.EINVALID, "notify_on_output.pattern"},
-		{"long reason", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "a", Reason: strings.Repeat("é", 501)}})), coordinator.EINVALID, "notify_on_output.reason"},
 		{"negative debounce", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "a", DebounceMS: -1}})), coordinator.EINVALID, "notify_on_output.debounce_ms"},
 		{"persistent alone", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", Persistent: true})), coordinator.EINVALID, "persistent"},
 		{"short lease", second(e.svc.OpenSession(ctx, "s", time.Millisecond)), coordinator.EINVALID, "lease_ms"},
+		{"long tool call", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", ToolCallID: strings.Repeat("a", 257)})), coordinator.EINVALID, "tool_call_id"},
+		{"tool call with a newline", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", ToolCallID: "toolu\n01"})), coordinator.EINVALID, "tool_call_id"},
+		// Not through HTTP, which refuses such bytes in any field: the domain checks its own.
+		{"tool call not UTF-8", second(e.svc.Start(ctx, coordinator.StartRequest{Command: "x", Cwd: "/", ToolCallID: "toolu\xff01"})), coordinator.EINVALID, "tool_call_id"},
 	}
 	for _, b := range bad {
 		if coordinator.ErrorCode(b.err) != b.code || !strings.Contains(coordinator.ErrorMessage(b.err), b.want) {

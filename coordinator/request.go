@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/sbx-dev/sbx/proto"
@@ -12,13 +13,18 @@ import (
 
 // Bounds of a start request. They are documented in docs/limits.md.
 const (
-	MaxBlockUntil    = 10 * time.Minute
+	// MaxBlockUntil and MaxWaitTimeout are the seed tools' longest wait (119 minutes); a longer one
+	// is clamped to it.
+	MaxBlockUntil    = 7140 * time.Second
 	MaxWaitTimeout   = 7140 * time.Second
 	DefaultWait      = 30 * time.Second
 	MinMemoryBytes   = 4 << 20
 	MinCPUMillicores = 10
-	// MaxReplyOutput is the most output a start or wait reply carries inline; the rest is in the file.
-	MaxReplyOutput = 1 << 20
+	// MaxToolCallID bounds a start's tool_call_id (tool call ids are tens of characters).
+	MaxToolCallID = 256
+	// MaxReplyOutput is the most output a start's reply carries inline, as the MCP tools do: an
+	// agent's context is the scarce thing, and the rest is in the file.
+	MaxReplyOutput = 30 << 10
 )
 
 // StartRequest asks for a job.
@@ -32,8 +38,10 @@ type StartRequest struct {
 	Readonly bool
 	// User names the account the job runs as on its runner ("": the runner's default).
 	User string
-	// Linger keeps the job until its output closes, not only until its shell exits.
-	Linger bool
+	// Linger keeps the job until its output closes, not only until its shell exits. LingerCgroup
+	// keeps it until every process it started has exited, daemons that closed their output too.
+	Linger       bool
+	LingerCgroup bool
 	// Stdin gives the job an input pipe, written with Input; else it reads /dev/null.
 	Stdin bool
 	// TTY runs the job on a pseudo-terminal of TTYSize (nil: 24×80); Input types on it.
@@ -52,6 +60,8 @@ type StartRequest struct {
 	Persistent bool
 	// NotificationFormat is the format of the job's notifications ("": its session's).
 	NotificationFormat Format
+	// ToolCallID is the agent's tool call that starts the job ("": none): its notifications name it.
+	ToolCallID string
 }
 
 // Source is where a job's output comes from when it runs no command.
@@ -161,6 +171,9 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 			return err
 		}
 		r.NotifyOnOutput = &n
+	}
+	if len(r.ToolCallID) > MaxToolCallID || strings.ContainsFunc(r.ToolCallID, unicode.IsControl) || !utf8.ValidString(r.ToolCallID) {
+		return Errorf(EINVALID, "tool_call_id must be at most %d bytes of valid UTF-8 with no control characters.", MaxToolCallID)
 	}
 	if _, err := ParseFormat("notification_format", string(r.NotificationFormat)); err != nil {
 		return err

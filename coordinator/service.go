@@ -68,7 +68,7 @@ func (c *Config) setDefaults() {
 		c.DefaultOutputBytes = 1 << 30
 	}
 	if c.RunnerDeadline == 0 {
-		c.RunnerDeadline = 15 * time.Second
+		c.RunnerDeadline = proto.DefaultRunnerDeadline
 	}
 	if c.StartDeadline == 0 {
 		c.StartDeadline = 60 * time.Second
@@ -176,10 +176,12 @@ type liveJob struct {
 	// observer then returns without reporting it (endSeen stays false).
 	observers int
 	endSeen   bool
+	// ownerKill: the job's own session asked for its kill, so its end is observed (KillFrom).
+	ownerKill bool
 	// sessionEnded: the job's session ended, so its end is session_ended. quiet: it notifies nothing.
 	sessionEnded bool
 	quiet        bool
-	watch        *watch // nil when nothing watches the output
+	watch        *outputWatch // nil when nothing watches the output
 	// errSpans are the byte ranges [off, end) of the body that came from stderr's own pipe (a
 	// monitor reads it apart), kept until the watch has seen them.
 	errSpans []span
@@ -254,7 +256,8 @@ func (l *liveJob) wrote(off, end int64) bool {
 	return l.size > old
 }
 
-func (l *liveJob) notify() {
+// wake closes the job's change channel, waking whoever waits for its next change, and makes the next one.
+func (l *liveJob) wake() {
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
@@ -298,7 +301,7 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		}
 		// Output matching resumes at the end of what is on disk: what was before was matched in
 		// the earlier life.
-		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newWatch(j, &cfg), lastGrowth: now}
+		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newOutputWatch(j, &cfg), lastGrowth: now}
 		s.liveOutput += size
 	}
 	return s, nil
@@ -341,9 +344,15 @@ func (s *Service) RoomForJob() error {
 
 // StartResult is the reply to a start.
 type StartResult struct {
-	Job          *Job
-	Output       []byte
-	Backgrounded bool
+	Job *Job
+	// Output is the output's end: all of it, or (OutputTruncated) its last MaxReplyOutput bytes at
+	// most, from a line's start. OutputBytes is the whole output's size.
+	Output          []byte
+	OutputBytes     int64
+	OutputTruncated bool
+	// OutputLines counts Output's lines, TotalLines the whole output's.
+	OutputLines, TotalLines int
+	Backgrounded            bool
 }
 
 // Start validates the request, records the job, queues it and, when asked, waits for it to end.
@@ -362,10 +371,10 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	now := s.cfg.Now()
 	job := &Job{
 		ID: newJobID(now), Session: req.Session, Title: req.Title, Command: req.Command, Source: req.Source, Cwd: req.Cwd,
-		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
+		Readonly: req.Readonly, User: req.User, Shell: req.Shell, Linger: req.Linger, LingerCgroup: req.LingerCgroup, Stdin: req.Stdin, Pool: req.Pool, Status: StatusQueued, CreatedAt: now, Limits: req.Limits,
 		TTY: req.TTY, TTYSize: req.TTYSize,
 		Notify: req.NotifyOnOutput, Monitor: req.Monitor, Persistent: req.Persistent,
-		NotificationFormat: req.NotificationFormat, Claim: newClaim(),
+		NotificationFormat: req.NotificationFormat, ToolCallID: req.ToolCallID, Claim: newClaim(),
 	}
 	if job.Limits.OutputBytes == 0 {
 		job.Limits.OutputBytes = s.cfg.DefaultOutputBytes
@@ -376,7 +385,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	job.OutputPath = s.out.Path(job.ID)
 	work := &proto.Work{
 		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
-		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
+		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, LingerCgroup: job.LingerCgroup, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
 		Claim:          job.Claim,
 		SeparateStderr: job.Monitor && !job.TTY, Source: job.Source, // a terminal has one output
 		TTY: job.TTY, TTYSize: job.TTYSize,
@@ -391,7 +400,7 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		s.mu.Unlock()
 		return nil, err
 	}
-	l := &liveJob{job: job, changed: make(chan struct{}), watch: newWatch(job, &s.cfg), lastGrowth: now}
+	l := &liveJob{job: job, changed: make(chan struct{}), watch: newOutputWatch(job, &s.cfg), lastGrowth: now}
 	if req.BlockUntil > 0 {
 		// The caller observes from now on: a job that ends before the wait below begins is seen too.
 		l.observers++
@@ -423,10 +432,11 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 		res.Job = w.Job
 	}
 	res.Backgrounded = !res.Job.Status.Ended()
-	res.Output, err = s.tail(res.Job.ID, MaxReplyOutput)
+	t, err := s.tail(res.Job.ID)
 	if err != nil {
 		return nil, err
 	}
+	res.Output, res.OutputBytes, res.OutputTruncated, res.OutputLines, res.TotalLines = t.data, t.size, t.truncated, t.lines, t.total
 	return res, nil
 }
 
@@ -446,7 +456,7 @@ func (s *Service) snapshot(id string, fallback *Job) *Job {
 
 // Job returns a job by id.
 func (s *Service) Job(ctx context.Context, id string) (*Job, error) {
-	j, _, _, err := s.watch(ctx, id)
+	j, _, _, err := s.current(ctx, id)
 	return j, err
 }
 
@@ -471,9 +481,9 @@ func (s *Service) Jobs(ctx context.Context, f JobFilter) ([]*Job, error) {
 	return jobs, nil
 }
 
-// watch returns the job's current state, its body size and a channel closed at its next change;
+// current returns the job's current state, its body size and a channel closed at its next change;
 // the channel is nil once the job has ended.
-func (s *Service) watch(ctx context.Context, id string) (*Job, int64, <-chan struct{}, error) {
+func (s *Service) current(ctx context.Context, id string) (*Job, int64, <-chan struct{}, error) {
 	s.mu.Lock()
 	if l, ok := s.live[id]; ok {
 		j := *l.job
@@ -561,7 +571,7 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 	defer timer.Stop()
 	var scan *scanner
 	for {
-		job, size, changed, err := s.watch(ctx, id)
+		job, size, changed, err := s.current(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -587,7 +597,7 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 		case <-changed:
 		case <-timer.C:
 			// The end may have come with the timeout: report it rather than leave it unseen.
-			if job, _, changed, err = s.watch(ctx, id); err != nil {
+			if job, _, changed, err = s.current(ctx, id); err != nil {
 				return nil, err
 			}
 			return &WaitResult{Job: job, Done: changed == nil}, nil
@@ -607,7 +617,7 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 	if sawEnd {
 		l.endSeen = true
 	}
-	if l.observers > 0 || !l.job.Observed || l.endSeen || l.quiet || l.endNotified() {
+	if l.observers > 0 || !l.job.Observed || l.endSeen || l.ownerKill || l.quiet || l.endNotified() {
 		return
 	}
 	l.endSeen = true // once
@@ -617,28 +627,13 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 	}
 }
 
-// tail returns up to limit bytes of the end of a job's output.
-func (s *Service) tail(id string, limit int64) ([]byte, error) {
-	_, size, _, err := s.watch(context.Background(), id)
-	if err != nil {
-		return nil, err
-	}
-	off := max(0, size-limit)
-	rc, err := s.out.Open(id, off, size-off)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	return io.ReadAll(rc)
-}
-
 // Output returns a reader of the job's body from offset, at most limit bytes (limit < 0: all there is
 // now), and the body's size now.
 func (s *Service) Output(ctx context.Context, id string, offset, limit int64) (io.ReadCloser, int64, error) {
 	if offset < 0 {
 		return nil, 0, Errorf(EINVALID, "offset must not be negative.")
 	}
-	_, size, _, err := s.watch(ctx, id)
+	_, size, _, err := s.current(ctx, id)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -660,7 +655,7 @@ func (s *Service) Follow(ctx context.Context, id string, offset int64, w io.Writ
 		return Errorf(EINVALID, "offset must not be negative.")
 	}
 	for {
-		_, size, changed, err := s.watch(ctx, id)
+		_, size, changed, err := s.current(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -691,6 +686,30 @@ func (s *Service) Follow(ctx context.Context, id string, offset int64, w io.Writ
 	}
 }
 
+// KillFrom is Kill asked for by a caller of session. A stop (TERM or KILL) asked for by the job's
+// own session is the agent's own doing: its end counts as observed and notifies nothing, as the
+// agent tools mark a job notified before they kill it. A kill from another session (or "", none)
+// notifies, as a timeout does. Should the kill fail, the end notifies again.
+func (s *Service) KillFrom(ctx context.Context, session, id, signal string) error {
+	own := false
+	if signal == "" || signal == "TERM" || signal == "KILL" {
+		s.mu.Lock()
+		if l, ok := s.live[id]; ok && session != "" && l.job.Session == session {
+			own, l.ownerKill = !l.ownerKill, true
+		}
+		s.mu.Unlock()
+	}
+	err := s.Kill(ctx, id, signal)
+	if err != nil && own {
+		s.mu.Lock()
+		if l, ok := s.live[id]; ok {
+			l.ownerKill = false
+		}
+		s.mu.Unlock()
+	}
+	return err
+}
+
 // Kill stops a job: a queued one is withdrawn, a running one is signalled by its runner. Killing an
 // ended job is a conflict.
 func (s *Service) Kill(ctx context.Context, id, signal string) error {
@@ -698,7 +717,7 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 	switch signal {
 	case "", "TERM", "KILL":
 	default:
-		if _, ok := proto.Signals[signal]; !ok {
+		if _, ok := proto.Signal(signal); !ok {
 			return Errorf(EINVALID, "signal %q is not one of HUP INT QUIT KILL USR1 USR2 TERM CONT STOP.", signal)
 		}
 		op = proto.OpSignal
@@ -707,7 +726,7 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 	l, ok := s.live[id]
 	if !ok {
 		s.mu.Unlock()
-		if _, _, _, err := s.watch(ctx, id); err != nil {
+		if _, _, _, err := s.current(ctx, id); err != nil {
 			return err
 		}
 		return Errorf(ECONFLICT, "Job %s has already ended.", id)
@@ -742,7 +761,7 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-			j, _, changed, err := s.watch(ctx, id)
+			j, _, changed, err := s.current(ctx, id)
 			if err != nil {
 				return err
 			}
@@ -875,7 +894,7 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 	if err := s.jobs.PutJob(ctx, j); err != nil {
 		return err
 	}
-	l.notify()
+	l.wake()
 	return nil
 }
 
@@ -907,7 +926,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 			l.watch.end(s.cfg.Now())
 			notes = l.watch.take()
 		}
-		if l.observers > 0 {
+		if l.observers > 0 || l.ownerKill {
 			j.Observed = true
 		} else if !l.endNotified() {
 			notes = append(notes, finishedNote(j))
@@ -931,7 +950,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	s.stats.JobsEnded[j.Status]++
 	s.outputTotal += j.OutputBytes
 	s.liveOutput -= l.size
-	l.notify()
+	l.wake()
 	return nil
 }
 
@@ -1018,7 +1037,7 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 		if err := s.watchOutputLocked(ctx, l, old, c); err != nil {
 			return err
 		}
-		l.notify()
+		l.wake()
 	}
 	return nil
 }

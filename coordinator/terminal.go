@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"time"
 
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -16,30 +15,14 @@ func (s *Service) Resize(ctx context.Context, id string, size TTYSize) error {
 	if size.Cols < 1 || size.Cols > proto.MaxTTYCols {
 		return Errorf(EINVALID, "cols must be between 1 and %d.", proto.MaxTTYCols)
 	}
-	deadline := time.NewTimer(inputStartWait)
-	defer deadline.Stop()
-	var runner string
-	for runner == "" {
-		j, _, changed, err := s.watch(ctx, id)
-		if err != nil {
-			return err
-		}
-		switch {
-		case changed == nil:
-			return Errorf(ECONFLICT, "Job %s has ended; its terminal is gone.", id)
-		case !j.TTY:
+	runner, err := s.runnerOf(ctx, id, func(j *Job) error {
+		if !j.TTY {
 			return Errorf(ECONFLICT, "Job %s has no terminal: it was not started with tty: true.", id)
-		case j.Status == StatusRunning:
-			runner = j.Runner
-			continue
 		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			return Errorf(ECONFLICT, "Job %s has not started yet; resize it once it runs.", id)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return nil
+	}, "its terminal is gone", "resize it once it runs")
+	if err != nil {
+		return err
 	}
 	reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpResize, JobID: id, Size: &size})
 	if err != nil {
@@ -61,7 +44,7 @@ func (s *Service) Resize(ctx context.Context, id string, size TTYSize) error {
 		if err := s.jobs.PutJob(ctx, l.job); err != nil {
 			return err
 		}
-		l.notify()
+		l.wake()
 	}
 	return nil
 }

@@ -99,6 +99,9 @@ type Work struct {
 	Shell string `json:"shell,omitempty"`
 	// Linger keeps the job until its output closes rather than until its shell exits.
 	Linger bool `json:"linger,omitempty"`
+	// LingerCgroup keeps the job until every process in its cgroup has exited: a daemon that
+	// redirected its output stays part of the job (sandbox.Spec.LingerCgroup).
+	LingerCgroup bool `json:"linger_cgroup,omitempty"`
 	// Stdin gives the job a pipe as its standard input, written through OpStdin; else /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
 	// Claim is a random token the coordinator makes for this job and only the runner that takes the
@@ -497,8 +500,14 @@ type Control struct {
 	Size *TTYSize `json:"size,omitempty"`
 }
 
-// Signals a control request may name.
-var Signals = map[string]int{"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19}
+// signals are the signals a control request may name, with their numbers on Linux.
+var signals = map[string]int{"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19}
+
+// Signal returns the number of a signal a control request may name, and whether it may.
+func Signal(name string) (int, bool) {
+	n, ok := signals[name]
+	return n, ok
+}
 
 // Validate checks a Control request.
 func (c *Control) Validate() error {
@@ -521,7 +530,7 @@ func (c *Control) Validate() error {
 			return err
 		}
 	case OpSignal:
-		if _, ok := Signals[c.Signal]; !ok {
+		if _, ok := Signal(c.Signal); !ok {
 			return invalid("signal %q is not one of HUP INT QUIT KILL USR1 USR2 TERM CONT STOP", c.Signal)
 		}
 	default:
@@ -630,6 +639,12 @@ func DecodeHeartbeat(data []byte) (*Heartbeat, error) {
 
 // MaxHeartbeatJobs bounds Heartbeat.Jobs: a runner has at most 4096 slots.
 const MaxHeartbeatJobs = 4096
+
+// DefaultRunnerDeadline is how long a runner may go unheard before the coordinator marks its jobs
+// lost, and how long a runner cut off from NATS keeps its jobs before it kills them itself: both
+// sides default to the same value (sbx's --runner-deadline), so that a runner has fenced itself by
+// the time its jobs are declared lost.
+const DefaultRunnerDeadline = 15 * time.Second
 
 // Encode marshals any message of this package. Marshalling these types cannot fail.
 func Encode(v any) []byte {

@@ -41,7 +41,8 @@ func (r *Runner) handleControl(req micro.Request) {
 			}()
 			return
 		default:
-			if err := j.signal(syscall.Signal(proto.Signals[c.Signal])); err != nil {
+			n, _ := proto.Signal(c.Signal) // Validate checked it
+			if err := j.signal(syscall.Signal(n)); err != nil {
 				reply.Code, reply.Message = proto.ReplyUnknownJob, err.Error()
 			}
 		}

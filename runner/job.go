@@ -240,6 +240,7 @@ func (r *Runner) start(w *proto.Work) (process, error) {
 	return r.mgr.Start(sandbox.Spec{
 		Credential:     cred,
 		Linger:         w.Linger,
+		LingerCgroup:   w.LingerCgroup,
 		Stdin:          w.Stdin,
 		SeparateStderr: w.SeparateStderr,
 		ID:             w.JobID,

@@ -159,7 +159,7 @@ func (c *Config) setDefaults() error {
 		c.Environ = os.Environ()
 	}
 	if c.FenceAfter == 0 {
-		c.FenceAfter = 15 * time.Second
+		c.FenceAfter = proto.DefaultRunnerDeadline
 	}
 	if c.HeartbeatInterval == 0 {
 		// Several heartbeats per deadline, so that one late tick is not a missed deadline, on either

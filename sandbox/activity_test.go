@@ -165,3 +165,37 @@ func TestParseProcAddr(t *testing.T) {
 		}
 	}
 }
+
+// TestActivityWarmReadonly: a readonly job started from a warm init step is known as readonly, as
+// a cold one is: the port its command listens on, in bwrap's network namespace that nobody else can
+// reach, is not listed.
+func TestActivityWarmReadonly(t *testing.T) {
+	requireReadonly(t)
+	m, _ := newWarmManager(t)
+	spec := sh("warm-ro-listen", `exec python3 -c '
+import socket, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print("listening", flush=True)
+time.sleep(60)
+'`)
+	spec.Readonly = true
+	p, err := m.Start(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Kill(); p.Wait() })
+	if n := len(m.warm.ready); n != cap(m.warm.ready)-1 {
+		t.Fatalf("%d warm init steps ready after the start, want %d: the job did not start warm", n, cap(m.warm.ready)-1)
+	}
+	s := watchScreen(p.Output())
+	s.await(t, "listening")
+	a, err := p.Activity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Listening) != 0 {
+		t.Fatalf("a readonly job's ports are listed: %v", a.Listening)
+	}
+}

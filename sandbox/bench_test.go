@@ -70,16 +70,26 @@ func BenchmarkReadonly(b *testing.B) {
 				sbx = append(sbx, time.Since(t0))
 
 				t0 = time.Now()
-				spec, prog, err := tools.wrap(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", "true"}, Dir: "/"}, nil)
+				spec, env, err := tools.wrap(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", "true"}, Dir: "/"}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				prog, err := tools.program()
+				if err != nil {
+					b.Fatal(err)
+				}
+				args, err := memfdWith("env", env)
 				if err != nil {
 					b.Fatal(err)
 				}
 				cmd := exec.Command(spec.Path, spec.Args[1:]...)
-				cmd.ExtraFiles = []*os.File{nil, prog}
+				cmd.Env = spec.Env
+				cmd.ExtraFiles = []*os.File{nil, prog, nil, args}
 				if err := cmd.Run(); err != nil {
 					b.Fatalf("bare bwrap: %v", err)
 				}
 				prog.Close()
+				args.Close()
 				bare = append(bare, time.Since(t0))
 			}
 			p50, barep50 := quantile(sbx, 0.5), quantile(bare, 0.5)

@@ -17,21 +17,35 @@ import (
 )
 
 // seccompFD is the descriptor on which a readonly job's bwrap reads its seccomp program. Descriptor 3
-// is the v1 init step's status pipe (statusFD), so the program is on 4 on both cgroup versions; on v2
-// descriptor 3 is left closed.
+// is the init step's status pipe (statusFD), so the program is on 4.
 const seccompFD = statusFD + 1
 
+// argsFD is the descriptor on which a readonly job's bwrap reads the job's environment, as --setenv
+// options (--args; bwrapEnv). Descriptor 5 is the init step's job (jobFD).
+const argsFD = jobFD + 1
+
+// bwrapEnviron is bwrap's own environment: empty. bwrap runs outside the sandbox, as the runner's
+// user with every capability until it drops them, and its dynamic loader and libc read their
+// variables (LD_PRELOAD, LD_DEBUG_OUTPUT, GCONV_PATH, GLIBC_TUNABLES…) before any namespace exists;
+// the job's variables reach the job through --setenv instead, which bwrap applies after it has been
+// loaded (bwrap loads no library and runs no other program later). bwrap needs none: the program it
+// runs is an absolute path.
+var bwrapEnviron = []string{}
+
 // bwrapArgs is the argv of bwrap running argv (argv[0] an absolute path) in dir with nothing writable,
-// no network, no capabilities, a private /proc and /dev, the hidden paths covered, and the seccomp
-// program read from fd. The flags are DESIGN.md's ("Runner: readonly") and more; docs/readonly.md says
+// no network, no capabilities, a private /proc and /dev, the hidden paths covered, the seccomp
+// program read from fd, and the job's environment read from envFD (bwrapEnv). The flags are DESIGN.md's ("Runner: readonly") and more; docs/readonly.md says
 // what each blocks:
 //   - --unshare-user --disable-userns: the job cannot make a user namespace of its own, in which it
 //     would hold every capability again and could mount its cgroup and lift its limits;
 //   - --ro-bind /proc/sys /proc/sys: bwrap covers /proc/sys only when access(2) says it is writable,
 //     and for the directory it never does, so as root every sysctl stayed writable.
-func bwrapArgs(dir string, fd int, hide []hidden, argv []string) []string {
+func bwrapArgs(dir string, fd, envFD int, hide []hidden, argv []string) []string {
 	args := []string{
 		"bwrap",
+		// First: bwrap's own arguments are on its command line, which every user of the host can
+		// read (ps), and the environment may hold secrets; a file keeps it out of sight.
+		"--args", strconv.Itoa(envFD),
 		"--new-session",
 		"--die-with-parent",
 		"--unshare-all",
@@ -57,6 +71,25 @@ func bwrapArgs(dir string, fd int, hide []hidden, argv []string) []string {
 		"--",
 	)
 	return append(args, argv...)
+}
+
+// bwrapEnv is the content of bwrap's --args file that gives the job env (KEY=VALUE entries): one
+// --setenv KEY VALUE per entry, NUL-terminated, in order (a later entry overrides an earlier one, as
+// in execve's). An entry without "=" is no variable and is left out. Loader variables (LD_PRELOAD…)
+// are passed like any other: bwrap sets them after its own start, so only the job's loader, inside
+// the sandbox, reads them.
+func bwrapEnv(env []string) []byte {
+	var b []byte
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			continue
+		}
+		for _, s := range []string{"--setenv", k, v} {
+			b = append(append(b, s...), 0)
+		}
+	}
+	return b
 }
 
 // hidden is a path a readonly job must not see, as found when the job starts.
@@ -175,16 +208,13 @@ func (t *readonlyTools) get(bwrap string) (*readonlyTools, error) {
 	return t, t.err
 }
 
-// wrap turns spec into bwrap running spec's program with hide (Config.Hide) covered, and returns the
-// file the program must find on seccompFD; the caller closes it once the process has started.
-func (t *readonlyTools) wrap(spec Spec, hide []string) (Spec, *os.File, error) {
+// wrap turns spec into bwrap running spec's program with hide (Config.Hide) covered and bwrap's own
+// environment fixed (bwrapEnviron), and returns the --args content that gives the program spec's
+// environment, which bwrap must find on argsFD (bwrapEnv).
+func (t *readonlyTools) wrap(spec Spec, hide []string) (Spec, []byte, error) {
 	hs, err := findHidden(hide, spec.Credential)
 	if err != nil {
 		return Spec{}, nil, fmt.Errorf("readonly: %w", err)
-	}
-	f, err := t.program()
-	if err != nil {
-		return Spec{}, nil, err
 	}
 	argv := []string{spec.Path}
 	if len(spec.Args) > 1 {
@@ -194,8 +224,23 @@ func (t *readonlyTools) wrap(spec Spec, hide []string) (Spec, *os.File, error) {
 	if dir == "" {
 		dir = "/"
 	}
-	spec.Path, spec.Args, spec.Dir = t.bwrap, bwrapArgs(dir, seccompFD, hs, argv), dir
-	return spec, f, nil
+	env := bwrapEnv(spec.Env)
+	spec.Path, spec.Args, spec.Dir, spec.Env = t.bwrap, bwrapArgs(dir, seccompFD, argsFD, hs, argv), dir, bwrapEnviron
+	return spec, env, nil
+}
+
+// memfdWith returns a new anonymous file holding data, positioned at its start, which bwrap and the
+// init step read from the shared offset.
+func memfdWith(name string, data []byte) (*os.File, error) {
+	f, err := memfd(name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.WriteAt(data, 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("write %s: %w", name, err)
+	}
+	return f, nil
 }
 
 // program returns a new anonymous file holding the seccomp program, positioned at its start: bwrap

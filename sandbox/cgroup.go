@@ -209,6 +209,24 @@ func waitEmptyUntil(pids func() ([]int, error), deadline time.Time) {
 	}
 }
 
+// waitEmptyOrKicked waits until pids lists nothing or kicked is closed. The cgroup has no
+// notification of its own on v1, so it is looked at every 100 ms at most: a lingering job's end is
+// that much late.
+func waitEmptyOrKicked(pids func() ([]int, error), kicked <-chan struct{}) {
+	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		if ps, err := pids(); err != nil || len(ps) == 0 {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-kicked:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // waitEmpty waits, bounded, until pids lists nothing: killed processes take a moment to exit.
 func waitEmpty(pids func() ([]int, error)) error {
 	deadline := time.Now().Add(killTimeout)

@@ -213,7 +213,8 @@ func TestSweep(t *testing.T) {
 		cfg.Warm = -1
 		old, cfg := newTestManager(t, cfg)
 		cfg.Warm = warm
-		p, err := old.Start(sh("abandoned", "setsid sleep 1000 & echo $!; sleep 1000"))
+		arg := daemonArg()
+		p, err := old.Start(sh("abandoned", "setsid sleep "+arg+" & echo $!; sleep 1000"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,8 +223,7 @@ func TestSweep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		daemon, err := strconv.Atoi(strings.TrimSpace(string(line[:n])))
-		if err != nil {
+		if _, err := strconv.Atoi(strings.TrimSpace(string(line[:n]))); err != nil {
 			t.Fatal(err)
 		}
 		out := drain(t, p.Output())
@@ -237,8 +237,8 @@ func TestSweep(t *testing.T) {
 		if n != 1 || err != nil {
 			t.Errorf("Sweep() = %d, %v; want 1", n, err)
 		}
-		if !gone(daemon) {
-			t.Errorf("daemon %d survived the sweep", daemon)
+		if pids := survivors(t, arg); len(pids) > 0 {
+			t.Errorf("daemon %v survived the sweep", pids)
 		}
 		// The abandoned job's own Process removes its cgroup too, concurrently with the sweep (which
 		// happens only in tests: a real sweep finds an earlier life's cgroups, with no one else

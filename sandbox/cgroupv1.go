@@ -241,46 +241,15 @@ type v1Group struct {
 	cpuacct string   // ... in the cpuacct hierarchy; "" without one
 }
 
-// prepare turns cmd into the init step: this binary re-executed as initArg0, which joins every
-// hierarchy's cgroup.procs, drops to the job's credential and then execs the real command (see MaybeInit). v1 has no way to fork
-// straight into a cgroup. The init step reports a failure on fd 3; success closes it empty on exec.
-// Descriptors that start puts from 4 on (a readonly job's seccomp program) pass through to the command.
+// prepare gives the init step the cgroup.procs files to join (v1 has no way to fork straight into a
+// cgroup): it joins every hierarchy's before it reads its job (see init.go).
 func (g *v1Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	var procs []string
 	for _, dir := range g.dirs {
 		procs = append(procs, filepath.Join(dir, "cgroup.procs"))
 	}
-	// The init step must join as the runner: it drops to the job's credential itself, afterwards.
-	var cred *Credential
-	if c := cmd.SysProcAttr.Credential; c != nil {
-		cred = &Credential{UID: c.Uid, GID: c.Gid, Groups: c.Groups}
-		cmd.SysProcAttr.Credential = nil
-	}
-	cmd.Args = initArgs(cred, procs, cmd.Path, cmd.Args)
-	cmd.Path = "/proc/self/exe"
-	sr, sw, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("status pipe: %w", err)
-	}
-	if len(cmd.ExtraFiles) == 0 {
-		cmd.ExtraFiles = []*os.File{nil}
-	}
-	cmd.ExtraFiles[statusFD-3] = sw
-	return func(startErr error) error {
-		sw.Close()
-		defer sr.Close()
-		if startErr != nil {
-			return startErr
-		}
-		msg, err := io.ReadAll(sr)
-		if err != nil {
-			return fmt.Errorf("read init status: %w", err)
-		}
-		if len(msg) > 0 {
-			return errors.New(string(msg))
-		}
-		return nil
-	}, nil
+	cmd.Args = initArgs(procs)
+	return func(err error) error { return err }, nil
 }
 
 // signal sends sig to each process, frozen around the listing where there is a freezer.

@@ -184,6 +184,7 @@ func (g *v2Group) prepare(cmd *exec.Cmd) (func(error) error, error) {
 	}
 	cmd.SysProcAttr.UseCgroupFD = true
 	cmd.SysProcAttr.CgroupFD = fd
+	cmd.Args = initArgs(nil) // nothing to join
 	return func(startErr error) error {
 		unix.Close(fd)
 		return startErr

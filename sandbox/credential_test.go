@@ -52,7 +52,8 @@ func TestCredential(t *testing.T) {
 					}
 					waitWarm(t, m)
 				}
-				spec := sh("as-nobody", `id -u; id -g; id -G; grep -c ":/`+cfg.Root+`/as-nobody$" /proc/self/cgroup; cat /etc/shadow >/dev/null 2>&1 && echo read-shadow; setsid sleep 1000 & echo $!`)
+				arg := daemonArg()
+				spec := sh("as-nobody", `id -u; id -g; id -G; grep -c ":/`+cfg.Root+`/as-nobody$" /proc/self/cgroup; cat /etc/shadow >/dev/null 2>&1 && echo read-shadow; setsid sleep `+arg+` & echo $!`)
 				spec.Credential = nobody()
 				res, out := run(t, m, spec)
 				lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -65,12 +66,11 @@ func TestCredential(t *testing.T) {
 				if n, _ := strconv.Atoi(lines[3]); n < 1 {
 					t.Errorf("the job is not in its own cgroup: %q", out)
 				}
-				pid, err := strconv.Atoi(lines[4])
-				if err != nil {
+				if _, err := strconv.Atoi(lines[4]); err != nil {
 					t.Fatalf("output %q", out)
 				}
-				if !gone(pid) {
-					t.Errorf("the job's daemon %d outlived it", pid)
+				if pids := survivors(t, arg); len(pids) > 0 {
+					t.Errorf("the job's daemon %v outlived it", pids)
 				}
 			})
 		}

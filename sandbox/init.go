@@ -1,52 +1,148 @@
 package sandbox
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// initArg0 is argv[0] of the v1 init step; MaybeInit recognises the re-executed binary by it, which
-// leaves the environment free to be exactly the job's.
-const initArg0 = "sbx-init"
+// Every job starts as this binary re-executed as the init step (argv[0] initArg0), cloned into a new
+// pid and mount namespace whose pid 1 it is, with an empty environment: nothing of the job's reaches
+// a process that runs outside the job, as the runner's user, before the job's own program. The init
+// joins the job's cgroups (v1; on v2 the clone places it there), reads the job on jobFD
+// (jobMessage), makes every mount private, mounts a fresh /proc and starts the job's program as its
+// child, in its own process group (a session of its own on the job's terminal: Spec.TTY), as the
+// job's credential. It then reaps until the namespace is empty. Other jobs' processes are thus
+// invisible to the job and out of its reach (kill, ptrace, /proc/PID/environ), whatever user both
+// run as; the host's processes likewise.
+//
+// The init reports on statusFD, in order: '+' once it joined its cgroups (a warm step then waits for
+// its job), "pid N\n" with the job's pid as the host sees it once the program was executed, or else
+// the reason it was not, as text, and then "status W\n", the job's wait status, when the job's
+// process ends. It ignores every signal the host sends it but SIGKILL, as pid 1 of a namespace does
+// by default, so that a kill's SIGTERM reaches the job's processes only; when it dies the kernel kills
+// everything in its namespace.
+const (
+	// initArg0 is argv[0] of the init step; MaybeInit and the C constructor recognise it.
+	initArg0 = "sbx-init"
+	// statusFD is the init step's status pipe.
+	statusFD = 3
+	// jobFD is where the init step reads its job (jobMessage): a file written before the start, or a
+	// warm step's pipe.
+	jobFD = seccompFD + 1
+)
 
-// statusFD is the init step's CLOEXEC status pipe: a failure is written to it; a successful exec
-// closes it with nothing written.
-const statusFD = 3
-
-// initArgs encodes the init step's argv: initArg0, the credential (Credential.String), the number of
-// cgroup.procs files, those files, then the program's path and argv.
-func initArgs(cred *Credential, procs []string, path string, argv []string) []string {
-	args := append([]string{initArg0, cred.String(), strconv.Itoa(len(procs))}, procs...)
-	return append(append(args, path), argv...)
+// initArgs is the init step's argv: initArg0, the number of cgroup.procs files to join, those files.
+func initArgs(procs []string) []string {
+	return append([]string{initArg0, strconv.Itoa(len(procs))}, procs...)
 }
 
 // parseInitArgs reverses initArgs, given os.Args[1:].
-func parseInitArgs(args []string) (cred *Credential, procs []string, path string, argv []string, err error) {
-	if len(args) < 2 {
-		return nil, nil, "", nil, errors.New("init: too few arguments")
+func parseInitArgs(args []string) ([]string, error) {
+	if len(args) < 1 {
+		return nil, errors.New("init: too few arguments")
 	}
-	if cred, err = parseCredential(args[0]); err != nil {
-		return nil, nil, "", nil, fmt.Errorf("init: %w", err)
-	}
-	args = args[1:]
 	n, err := strconv.Atoi(args[0])
-	if err != nil || n < 0 || len(args) < n+3 {
-		return nil, nil, "", nil, fmt.Errorf("init: malformed arguments %q", args)
+	if err != nil || n != len(args)-1 {
+		return nil, fmt.Errorf("init: malformed arguments %q", args)
 	}
-	return cred, args[1 : 1+n], args[1+n], args[2+n:], nil
+	return args[1:], nil
+}
+
+// job is what the init step runs, as jobMessage carries it.
+type job struct {
+	readonly bool // bwrap: keep seccompFD and argsFD open for it
+	tty      bool // descriptor 0 is the job's terminal: the child, not the init, takes it (Spec.TTY)
+	cred     *Credential
+	dir      string
+	path     string
+	argv     []string
+	env      []string
+}
+
+// jobMessage is the job the init step runs: NUL-terminated fields seccomp ("1" keeps seccompFD and
+// argsFD open for bwrap), tty ("1": Spec.TTY), credential (Credential.String), dir, path, argc,
+// argv..., envc, env... (Spec.validate refuses NUL bytes in all).
+func jobMessage(spec Spec, readonly bool) []byte {
+	var b bytes.Buffer
+	field := func(s string) {
+		b.WriteString(s)
+		b.WriteByte(0)
+	}
+	dir := spec.Dir
+	if dir == "" {
+		dir = "/"
+	}
+	args := spec.Args
+	if len(args) == 0 {
+		args = []string{spec.Path}
+	}
+	flag := func(b bool) {
+		if b {
+			field("1")
+		} else {
+			field("0")
+		}
+	}
+	flag(readonly)
+	flag(spec.TTY)
+	field(spec.Credential.String())
+	field(dir)
+	field(spec.Path)
+	field(strconv.Itoa(len(args)))
+	for _, a := range args {
+		field(a)
+	}
+	field(strconv.Itoa(len(spec.Env)))
+	for _, e := range spec.Env {
+		field(e)
+	}
+	return b.Bytes()
+}
+
+// parseJobMessage reverses jobMessage.
+func parseJobMessage(b []byte) (job, error) {
+	bad := errors.New("init: malformed job message")
+	if len(b) == 0 || b[len(b)-1] != 0 {
+		return job{}, bad
+	}
+	f := strings.Split(string(b[:len(b)-1]), "\x00")
+	if len(f) < 7 {
+		return job{}, bad
+	}
+	cred, err := parseCredential(f[2])
+	if err != nil {
+		return job{}, fmt.Errorf("init: %w", err)
+	}
+	j := job{readonly: f[0] == "1", tty: f[1] == "1", cred: cred, dir: f[3], path: f[4]}
+	argc, err := strconv.Atoi(f[5])
+	if err != nil || argc < 0 || 7+argc > len(f) {
+		return job{}, bad
+	}
+	j.argv = f[6 : 6+argc]
+	envc, err := strconv.Atoi(f[6+argc])
+	if err != nil || 7+argc+envc != len(f) {
+		return job{}, bad
+	}
+	j.env = f[7+argc:]
+	return j, nil
 }
 
 // MaybeInit must be the first thing in main() and in TestMain of any package whose tests start
-// processes. In the v1 init step (this binary re-executed by Start) it moves the process into the
-// job's cgroups and execs the job's program, never returning; otherwise it returns at once.
+// processes. In the init step (this binary re-executed by Start) it runs the job and never returns;
+// otherwise it returns at once. With cgo the C constructor (init_cgo.go) has done so before the Go
+// runtime started.
 //
-// The init step runs Go runtime start-up and package init functions before it gets here, outside
+// The Go init step runs Go runtime start-up and package init functions before it gets here, outside
 // the job's cgroups; nothing it runs can fork before the join, so nothing escapes.
 //
 // Run as the readonly probe (argv[1] probeArg, see ProbeReadonly) it checks the sandbox from inside
@@ -58,68 +154,135 @@ func MaybeInit() {
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return
 	}
-	err := initStep(os.Args[1:])
-	status := os.NewFile(statusFD, "status")
-	fmt.Fprint(status, err)
-	os.Exit(1)
+	code, err := initMain(os.Args[1:])
+	if err != nil {
+		fmt.Fprint(os.NewFile(statusFD, "status"), err)
+	}
+	os.Exit(code)
 }
 
-// initStep joins the cgroups, drops to the credential and execs the program; it returns only on
-// failure.
-func initStep(args []string) error {
-	cred, procs, path, argv, err := parseInitArgs(args)
+// initMain is the Go init step; it returns the exit code, and an error when the job did not start.
+func initMain(args []string) (int, error) {
+	procs, err := parseInitArgs(args)
 	if err != nil {
-		return err
+		return 1, err
 	}
-	// The parent-death signal, the credential and the exec all belong to one thread.
+	if os.Getpid() != 1 {
+		return 1, errors.New("init: not pid 1 of a new pid namespace")
+	}
+	// The fork and the reading of the job's host pid belong to one thread.
 	runtime.LockOSThread()
-	parent := os.Getppid()
-	pid := strconv.Itoa(os.Getpid())
+	// Go's handlers make the kernel deliver the host's signals to pid 1, and they are reset in the
+	// job's child; unread, they change nothing.
+	signal.Notify(make(chan os.Signal, 1))
 	for _, p := range procs {
 		// Writing a pid to cgroup.procs moves the whole thread group, Go runtime threads included.
-		if err := writeValue(p, pid); err != nil {
-			return fmt.Errorf("join cgroup: %w", err)
+		if err := writeValue(p, "1"); err != nil {
+			return 1, fmt.Errorf("join cgroup: %w", err)
 		}
 	}
-	if cred != nil {
-		if err := dropTo(cred, parent); err != nil {
-			return err
-		}
-		// The runner entered the directory before the drop; the job must be allowed to as well.
-		if err := unix.Chdir("."); err != nil {
-			return fmt.Errorf("chdir to the working directory: %w", err)
+	status := os.NewFile(statusFD, "status")
+	if _, err := status.Write([]byte{'+'}); err != nil {
+		return 1, fmt.Errorf("init: status pipe: %w", err)
+	}
+	in := os.NewFile(jobFD, "job")
+	msg, err := io.ReadAll(in)
+	in.Close()
+	if err != nil {
+		return 1, fmt.Errorf("init: read job message: %w", err)
+	}
+	j, err := parseJobMessage(msg)
+	if err != nil {
+		return 1, err
+	}
+	if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return 1, fmt.Errorf("init: make mounts private: %w", err)
+	}
+	oldproc, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 1, fmt.Errorf("init: open /proc: %w", err)
+	}
+	// Detached, the host's /proc is reachable through oldproc only, not under the fresh one.
+	if err := unix.Unmount("/proc", unix.MNT_DETACH); err != nil {
+		return 1, fmt.Errorf("init: detach /proc: %w", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return 1, fmt.Errorf("init: mount /proc: %w", err)
+	}
+	none := ^uintptr(0)
+	files := []uintptr{0, 1, 2, none, none, none, none}
+	if j.readonly {
+		files[seccompFD], files[argsFD] = seccompFD, argsFD
+	}
+	attr := &syscall.ProcAttr{Dir: j.dir, Env: j.env, Files: files, Sys: &syscall.SysProcAttr{Setpgid: true}}
+	if j.tty {
+		// setsid makes the child its own group as well (setpgid after it would fail); the terminal
+		// is its descriptor 0.
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
+	if c := j.cred; c != nil {
+		attr.Sys.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
+	}
+	pid, err := syscall.ForkExec(j.path, j.argv, attr)
+	if err != nil {
+		return 1, fmt.Errorf("exec %s: %w", j.path, err)
+	}
+	host, err := hostChild(oldproc)
+	if err != nil {
+		return 1, err
+	}
+	unix.Close(oldproc)
+	for fd := 0; fd <= argsFD; fd++ {
+		if fd != statusFD {
+			unix.Close(fd)
 		}
 	}
-	if _, err := unix.FcntlInt(statusFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
-		return fmt.Errorf("init status pipe: %w", err)
+	if _, err := fmt.Fprintf(status, "pid %d\n", host); err != nil {
+		return 1, nil
 	}
-	// The environment is exactly what Start passed, which is the job's.
-	err = unix.Exec(path, argv, os.Environ())
-	return fmt.Errorf("exec %s: %w", path, err)
+	code := 1
+	for {
+		var ws unix.WaitStatus
+		w, err := unix.Wait4(-1, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return code, nil // ECHILD: the namespace is empty
+		}
+		if w == pid {
+			fmt.Fprintf(status, "status %d\n", int(ws))
+			code = ws.ExitStatus()
+			if ws.Signaled() {
+				code = 128 + int(ws.Signal())
+			}
+		}
+	}
 }
 
-// dropTo sets the process's groups, gid and uid (on every thread) to cred. Changing the credential
-// clears the parent-death signal, so it is armed again, and the parent checked: a runner that died in
-// between must not leave the job running.
-func dropTo(cred *Credential, parent int) error {
-	groups := make([]int, len(cred.Groups))
-	for i, g := range cred.Groups {
-		groups[i] = int(g)
+// hostChild reads the host pid of this thread's first child, the job, through the host's /proc
+// (oldproc).
+func hostChild(oldproc int) (int, error) {
+	buf := make([]byte, 64)
+	n, err := unix.Readlinkat(oldproc, "thread-self", buf)
+	if err != nil {
+		return 0, fmt.Errorf("init: read host pid: %w", err)
 	}
-	if err := syscall.Setgroups(groups); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
+	fd, err := unix.Openat(oldproc, string(buf[:n])+"/children", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("init: read host pid: %w", err)
 	}
-	if err := syscall.Setgid(int(cred.GID)); err != nil {
-		return fmt.Errorf("setgid %d: %w", cred.GID, err)
+	f := os.NewFile(uintptr(fd), "children")
+	b, err := io.ReadAll(f)
+	f.Close()
+	if err != nil {
+		return 0, fmt.Errorf("init: read host pid: %w", err)
 	}
-	if err := syscall.Setuid(int(cred.UID)); err != nil {
-		return fmt.Errorf("setuid %d: %w", cred.UID, err)
+	// The job is the first: orphans the job left are appended as they are reparented to the init.
+	f0, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	pid, err := strconv.Atoi(f0)
+	if err != nil {
+		return 0, fmt.Errorf("init: read host pid: children %q", b)
 	}
-	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
-		return fmt.Errorf("parent-death signal: %w", err)
-	}
-	if os.Getppid() != parent {
-		return errors.New("init: the runner exited")
-	}
-	return nil
+	return pid, nil
 }

@@ -2,11 +2,13 @@
 
 package sandbox
 
-// The v1 init step done before the Go runtime starts, as runc's nsexec does: a C constructor runs
-// when the binary is re-executed as "sbx-init", joins the job's cgroups and execs the job's program.
-// Starting the Go runtime and every package's init functions first costs tens of milliseconds in a
-// binary as large as sbx; the constructor costs the exec alone. Without cgo, MaybeInit does the same
-// in Go (see init.go). The arguments and the status pipe are those of initArgs and statusFD.
+// The init step done before the Go runtime starts, as runc's nsexec does: a C constructor runs when
+// the binary is re-executed as "sbx-init", pid 1 of a new pid and mount namespace: it joins the job's
+// cgroups (v1), reads the job, mounts a fresh /proc, starts the job's program as its child and reaps
+// until the namespace is empty (init.go). Starting the Go runtime and every package's init functions
+// first costs tens of milliseconds in a binary as large as sbx; the constructor costs the exec alone.
+// Without cgo, MaybeInit does the same in Go. The arguments, descriptors and status messages are
+// those of initArgs, statusFD, jobFD and jobMessage.
 
 /*
 #define _GNU_SOURCE
@@ -18,20 +20,24 @@ package sandbox
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-extern char **environ;
+// sbx_fail_fd is where sbx_init_fail reports: the status pipe (fd 3), or in the job's child before
+// its exec the pipe to the init.
+static int sbx_fail_fd = 3;
 
-// sbx_init_fail reports a failure on the status pipe (fd 3) and exits.
+// sbx_init_fail reports a failure on sbx_fail_fd and exits.
 static void sbx_init_fail(const char *what, const char *arg) {
 	char buf[1024];
 	int n = snprintf(buf, sizeof buf, "%s %s: %s", what, arg, strerror(errno));
 	if (n > (int)sizeof buf - 1)
 		n = sizeof buf - 1;
 	if (n > 0) {
-		ssize_t w = write(3, buf, n);
+		ssize_t w = write(sbx_fail_fd, buf, n);
 		(void)w;
 	}
 	_exit(1);
@@ -64,11 +70,10 @@ static unsigned long sbx_id(const char **s, char stop, const char *cred) {
 	return v;
 }
 
-// sbx_drop switches to the credential "uid:gid:g1,g2,..." ("-": stay), after the cgroups were joined:
-// writing cgroup.procs needs the runner's privileges. A credential change clears the parent-death
-// signal, so it is armed again and the parent checked: a runner that died meanwhile must not leave
-// the job running.
-static void sbx_drop(const char *cred, pid_t parent) {
+// sbx_drop switches to the credential "uid:gid:g1,g2,..." ("-": stay). Only the job's process does,
+// after the init joined the cgroups (writing cgroup.procs needs the runner's privileges); the init
+// stays the runner's user, which the job cannot signal or trace.
+static void sbx_drop(const char *cred) {
 	if (strcmp(cred, "-") == 0)
 		return;
 	const char *s = cred;
@@ -92,12 +97,6 @@ static void sbx_drop(const char *cred, pid_t parent) {
 		sbx_init_fail("setgid", cred);
 	if (setuid(uid) < 0)
 		sbx_init_fail("setuid", cred);
-	if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-		sbx_init_fail("init:", "parent-death signal");
-	if (getppid() != parent) {
-		errno = ESRCH;
-		sbx_init_fail("init:", "the runner exited");
-	}
 	free(groups);
 }
 
@@ -111,13 +110,8 @@ static long sbx_count(const char *s, long avail) {
 	return n;
 }
 
-// sbx_warm tells the runner it joined its cgroups (one '+' on the status pipe), waits for the job on
-// fd 5: NUL-terminated fields seccomp, credential, dir, path, argc, argv..., envc, env...
-// (warmMessage), and runs the job as the cold init step does. Descriptor 4 holds a readonly job's seccomp program; it is
-// closed unless the seccomp field is "1".
-static void sbx_warm(pid_t parent) {
-	if (write(3, "+", 1) != 1)
-		sbx_init_fail("init:", "status pipe");
+// sbx_read_all reads fd to EOF (at most 8 MiB) into a new buffer, sets *lenp and closes fd.
+static char *sbx_read_all(int fd, size_t *lenp, const char *what) {
 	size_t cap = 1 << 16, len = 0;
 	char *buf = malloc(cap);
 	if (buf == NULL)
@@ -126,31 +120,37 @@ static void sbx_warm(pid_t parent) {
 		if (len == cap) {
 			if (cap >= (8u << 20)) {
 				errno = E2BIG;
-				sbx_init_fail("init:", "job message");
+				sbx_init_fail("init:", what);
 			}
 			cap *= 2;
 			buf = realloc(buf, cap);
 			if (buf == NULL)
 				sbx_init_fail("init:", "out of memory");
 		}
-		ssize_t r = read(5, buf + len, cap - len);
+		ssize_t r = read(fd, buf + len, cap - len);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
-			sbx_init_fail("init:", "read job message");
+			sbx_init_fail("init: read", what);
 		if (r == 0)
 			break;
 		len += r;
 	}
-	close(5);
-	// Split into fields; the message ends with a NUL.
+	close(fd);
+	*lenp = len;
+	return buf;
+}
+
+// sbx_fields splits buf (len bytes of NUL-terminated fields) into a NULL-terminated array of
+// pointers into it, with one spare slot, and sets *n to the number of fields.
+static char **sbx_fields(char *buf, size_t len, long *n, const char *what) {
 	long nfields = 0;
 	for (size_t i = 0; i < len; i++)
 		if (buf[i] == '\0')
 			nfields++;
 	errno = EINVAL;
-	if (len == 0 || buf[len - 1] != '\0' || nfields < 6)
-		sbx_init_fail("init:", "malformed job message");
+	if (len > 0 && buf[len - 1] != '\0')
+		sbx_init_fail("init: malformed", what);
 	char **fields = calloc(nfields + 2, sizeof(char *));
 	if (fields == NULL)
 		sbx_init_fail("init:", "out of memory");
@@ -158,61 +158,172 @@ static void sbx_warm(pid_t parent) {
 		fields[f] = buf + i;
 		i += strlen(buf + i) + 1;
 	}
-	char *seccomp = fields[0], *cred = fields[1], *dir = fields[2], *path = fields[3];
-	long argc = sbx_count(fields[4], nfields - 6);
-	char **argv = fields + 5;
-	long envc = sbx_count(fields[5 + argc], nfields - 6 - argc);
-	char **envp = fields + 6 + argc;
-	if (6 + argc + envc != nfields)
-		sbx_init_fail("init:", "malformed job message");
-	if (strcmp(seccomp, "1") != 0)
-		close(4);
-	// A readonly job gets a private mount namespace before bwrap, as Start gives it on the cold path
-	// (SysProcAttr.Unshareflags): nothing the host mounts later propagates into the sandbox.
-	if (strcmp(seccomp, "1") == 0) {
-		if (unshare(CLONE_NEWNS) < 0)
-			sbx_init_fail("init:", "unshare mount namespace");
-		if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-			sbx_init_fail("init:", "make mounts private");
+	*n = nfields;
+	return fields;
+}
+
+// sbx_write writes all of buf to fd; a failure ends the init (the runner is gone).
+static void sbx_write(int fd, const char *buf, size_t len) {
+	while (len > 0) {
+		ssize_t w = write(fd, buf, len);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			_exit(1);
+		buf += w;
+		len -= w;
 	}
-	// Both lists must end with NULL: argv's end is the envc field, parsed already, and envp's is the
-	// spare slot calloc left after the last field.
-	argv[argc] = NULL;
-	envp[envc] = NULL;
-	sbx_drop(cred, parent);
+}
+
+// sbx_run_job is the job's child of the init: its own process group, the job's credential and
+// directory, then the program. With tty its descriptor 0 is the job's terminal: it starts a session
+// of its own (its own group too) and makes the terminal its controlling terminal, as exec.Cmd's
+// Setsid and Setctty do, so that the kernel sends it SIGWINCH on a resize and SIGHUP when the
+// terminal goes; the init, not a session leader, never gets one. Before the exec it writes its pid
+// as the host sees it ("pid N\n", read through the host's /proc, still open as oldproc) on fd; a
+// failure after that follows it as text.
+static void sbx_run_job(int fd, int oldproc, int tty, char *cred, char *dir, char *path, char **argv, char **envp) {
+	sbx_fail_fd = fd;
+	close(3);
+	if (tty) {
+		if (setsid() < 0)
+			sbx_init_fail("init:", "setsid");
+		// 0: take the terminal only if no session has it (nobody does: it is the job's alone).
+		if (ioctl(0, TIOCSCTTY, 0) < 0)
+			sbx_init_fail("init: controlling terminal", "TIOCSCTTY");
+	} else if (setpgid(0, 0) < 0)
+		sbx_init_fail("init:", "setpgid");
+	char self[32], line[48];
+	ssize_t n = readlinkat(oldproc, "self", self, sizeof self - 1);
+	if (n <= 0)
+		sbx_init_fail("init: read host pid from", "/proc/self");
+	self[n] = '\0';
+	int len = snprintf(line, sizeof line, "pid %s\n", self);
+	sbx_write(fd, line, len);
+	close(oldproc);
+	sbx_drop(cred);
 	if (chdir(dir) < 0)
 		sbx_init_fail("chdir", dir);
-	if (fcntl(3, F_SETFD, FD_CLOEXEC) < 0)
-		sbx_init_fail("init:", "status pipe");
 	execve(path, argv, envp);
 	sbx_init_fail("exec", path);
+}
+
+// sbx_init_main is the init step: pid 1 of a new pid and mount namespace (Start clones it so), in
+// the job's cgroups once n cgroup.procs files are joined (v1; v2 clones it into the cgroup). It tells
+// the runner it joined ('+' on fd 3), reads the job on fd 5: NUL-terminated fields seccomp, tty,
+// credential, dir, path, argc, argv..., envc, env... (jobMessage; a warm step waits there until a job
+// comes), makes every mount private and mounts a fresh /proc, so that the job sees its own processes
+// only, and starts the job's program as its child. It reports "pid N\n" (the job's pid on the host)
+// or a failure, then "status W\n" (the job's wait status) when the job's process ends, and reaps
+// whatever else is left until the namespace is empty. Descriptors 4 and 6 hold a readonly job's
+// seccomp program and environment (bwrap's --args); they are closed unless the seccomp field is "1".
+static void sbx_init_main(long n, char **procs) {
+	errno = EINVAL;
+	if (getpid() != 1)
+		sbx_init_fail("init:", "not pid 1 of a new pid namespace");
+	sbx_join(n, procs);
+	if (write(3, "+", 1) != 1)
+		sbx_init_fail("init:", "status pipe");
+	size_t len;
+	char *buf = sbx_read_all(5, &len, "job message");
+	long nfields;
+	char **fields = sbx_fields(buf, len, &nfields, "job message");
+	errno = EINVAL;
+	if (nfields < 7)
+		sbx_init_fail("init:", "malformed job message");
+	char *seccomp = fields[0], *cred = fields[2], *dir = fields[3], *path = fields[4];
+	int tty = strcmp(fields[1], "1") == 0;
+	long argc = sbx_count(fields[5], nfields - 7);
+	char **argv = fields + 6;
+	long envc = sbx_count(fields[6 + argc], nfields - 7 - argc);
+	char **envp = fields + 7 + argc;
+	if (7 + argc + envc != nfields)
+		sbx_init_fail("init:", "malformed job message");
+	// Both lists must end with NULL: argv's end is the envc field, parsed already, and envp's is the
+	// spare slot sbx_fields left after the last field.
+	argv[argc] = NULL;
+	envp[envc] = NULL;
+	if (strcmp(seccomp, "1") != 0) {
+		close(4);
+		close(6);
+	}
+	// Private: nothing mounted here (the fresh /proc, bwrap's sandbox) reaches the host, and nothing
+	// the host mounts later reaches the job (bwrap makes its mounts slaves of this namespace).
+	if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		sbx_init_fail("init:", "make mounts private");
+	// The host's /proc stays reachable through oldproc only, to read the job's host pid: detached,
+	// it is not under the fresh one, where a job with every capability could unmount to it.
+	int oldproc = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (oldproc < 0)
+		sbx_init_fail("init: open", "/proc");
+	if (umount2("/proc", MNT_DETACH) < 0)
+		sbx_init_fail("init: detach", "/proc");
+	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		sbx_init_fail("init: mount", "/proc");
+	// Above the job's descriptors (0 to 6), which the init closes once the job has them.
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		sbx_init_fail("init:", "pipe");
+	for (int i = 0; i < 2; i++) {
+		int fd = fcntl(p[i], F_DUPFD_CLOEXEC, 10);
+		if (fd < 0)
+			sbx_init_fail("init:", "pipe");
+		close(p[i]);
+		p[i] = fd;
+	}
+	pid_t job = fork();
+	if (job < 0)
+		sbx_init_fail("init:", "fork");
+	if (job == 0) {
+		close(p[0]);
+		sbx_run_job(p[1], oldproc, tty, cred, dir, path, argv, envp);
+	}
+	close(p[1]);
+	close(oldproc);
+	// The job has its own copies: the init keeps nothing of the job's, so that the job's output reaches
+	// EOF and its input is closed when the job's processes let go of them.
+	for (int fd = 0; fd <= 6; fd++)
+		if (fd != 3)
+			close(fd);
+	size_t rlen;
+	char *report = sbx_read_all(p[0], &rlen, "job start");
+	char *nl = memchr(report, '\n', rlen);
+	if (rlen < 5 || strncmp(report, "pid ", 4) != 0 || nl == NULL || nl != report + rlen - 1) {
+		// The job did not start: the text after its pid line says why.
+		char *why = nl != NULL ? nl + 1 : report;
+		sbx_write(3, why, report + rlen - why);
+		_exit(1);
+	}
+	sbx_write(3, report, rlen);
+	int code = 1;
+	for (;;) {
+		int st;
+		pid_t w = waitpid(-1, &st, 0);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			break; // ECHILD: the namespace is empty
+		if (w == job) {
+			char line[32];
+			int l = snprintf(line, sizeof line, "status %d\n", st);
+			sbx_write(3, line, l);
+			code = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+		}
+	}
+	_exit(code);
 }
 
 #ifdef __GLIBC__
 // glibc passes argc, argv and envp to constructors; elsewhere MaybeInit does the work in Go.
 __attribute__((constructor)) static void sbx_init(int argc, char **argv) {
-	if (argc < 2 || argv[0] == NULL)
+	if (argc < 2 || argv[0] == NULL || strcmp(argv[0], "sbx-init") != 0)
 		return;
-	pid_t parent = getppid();
-	if (strcmp(argv[0], "sbx-init-warm") == 0) {
-		long n = sbx_count(argv[1], argc - 2);
-		sbx_join(n, argv + 2);
-		sbx_warm(parent);
+	long n = sbx_count(argv[1], argc - 2);
+	if (n != argc - 2) {
+		errno = EINVAL;
+		sbx_init_fail("init:", "malformed arguments");
 	}
-	if (argc < 4 || strcmp(argv[0], "sbx-init") != 0)
-		return;
-	const char *cred = argv[1];
-	long n = sbx_count(argv[2], argc - 4);
-	sbx_join(n, argv + 3);
-	sbx_drop(cred, parent);
-	// The runner entered the directory before the drop; the job must be allowed to as well.
-	if (strcmp(cred, "-") != 0 && chdir(".") < 0)
-		sbx_init_fail("chdir", "to the working directory");
-	if (fcntl(3, F_SETFD, FD_CLOEXEC) < 0)
-		sbx_init_fail("init:", "status pipe");
-	const char *path = argv[3 + n];
-	execve(path, &argv[4 + n], environ);
-	sbx_init_fail("exec", path);
+	sbx_init_main(n, argv + 2);
 }
 #endif
 */

@@ -66,6 +66,57 @@ func TestKillGraceEnds(t *testing.T) {
 	})
 }
 
+// TestLingerCgroup: a job that lingers until its cgroup is empty outlives its shell while a daemon
+// that closed its output runs (Linger alone lets that one go, and kills it), ends when the daemon
+// exits, and ends at once when killed, the daemon with it.
+func TestLingerCgroup(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		spec := sh("linger-cgroup", `nohup setsid sh -c 'sleep 0.5' >/dev/null 2>&1 & echo started`)
+		spec.LingerCgroup = true
+		t0 := time.Now()
+		if res, out := run(t, m, spec); res.ExitCode != 0 || out != "started\n" {
+			t.Errorf("linger cgroup: %+v %q", res, out)
+		}
+		if took := time.Since(t0); took < 400*time.Millisecond || took > 5*time.Second {
+			t.Errorf("the job took %s, want about the daemon's 0.5 s", took)
+		}
+
+		// The daemon is found on the host by its argument: the job's $! is its pid in the job's own
+		// pid namespace.
+		arg := daemonArg()
+		spec = sh("linger-cgroup-kill", `nohup setsid sleep `+arg+` >/dev/null 2>&1 & echo started`)
+		spec.LingerCgroup = true
+		p, err := m.Start(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drain(t, p.Output())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.Wait()
+		}()
+		select {
+		case <-done:
+			t.Fatal("the job ended while its daemon ran")
+		case <-time.After(300 * time.Millisecond):
+		}
+		if d := survivors(t, arg); len(d) != 1 {
+			t.Fatalf("daemons running before the kill: %v, want one", d)
+		}
+		p.Kill()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a killed job did not end")
+		}
+		if d := survivors(t, arg); len(d) != 0 {
+			t.Errorf("daemon %v survived the kill", d)
+		}
+	})
+}
+
 // TestLinger: a lingering job lasts until its output closes: a background child still printing is
 // waited for (without Linger it is killed when the shell exits); one that closed its output is not;
 // a kill ends a lingering job whose shell has exited.

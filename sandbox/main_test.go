@@ -197,6 +197,33 @@ func gone(pid int) bool {
 	return i < 0 || strings.HasPrefix(s[i+1:], " Z")
 }
 
+// daemonArg is a unique argument for "sleep" in a job, so that survivors finds that process on the
+// host: a job's "echo $!" prints a pid of the job's own pid namespace.
+func daemonArg() string {
+	return fmt.Sprintf("1000.%09d", time.Now().UnixNano()%1e9)
+}
+
+// survivors lists the host pids of live processes whose command line is "sleep arg".
+func survivors(t testing.TB, arg string) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && string(b) == "sleep\x00"+arg+"\x00" && !gone(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // jobCgroups lists the cgroups under m's root other than its warm init steps'.
 func jobCgroups(m *Manager) ([]string, error) {
 	all, err := m.h.leftovers()

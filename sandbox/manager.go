@@ -1,7 +1,7 @@
-// Package sandbox runs one job's command inside its own cgroup: started already inside it, limited,
-// accounted, and killed as a whole, on cgroup v1 (legacy or hybrid) and v2.
+// Package sandbox runs one job's command inside its own cgroup and pid namespace: started already
+// inside them, limited, accounted, and killed as a whole, on cgroup v1 (legacy or hybrid) and v2.
 //
-// A runner calls MaybeInit first thing in main (v1 starts jobs through a re-executed copy of the
+// A runner calls MaybeInit first thing in main (every job starts through a re-executed copy of the
 // binary), makes one Manager, calls Sweep once to clear what an earlier life left, ProbeReadonly once
 // to learn whether readonly jobs (Spec.Readonly: bwrap and a seccomp filter) can run here, and then,
 // per job, Start, reads Output to EOF while calling Wait, and Kill to cancel.
@@ -255,21 +255,31 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 	}
 	// files are the descriptors from 3 on; nil leaves one closed.
 	var files []*os.File
+	// env is a readonly job's environment as bwrap's --args file (bwrapEnv).
+	var env []byte
 	readonly := spec.Readonly
 	if readonly {
 		ro, err := m.ro.get(m.bwrap)
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}
-		wrapped, prog, err := ro.wrap(spec, m.hide)
+		spec, env, err = ro.wrap(spec, m.hide)
 		if err != nil {
 			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 		}
-		spec = wrapped
-		// The child has its own copy once started; bwrap closes it after loading the program.
+		prog, err := ro.program()
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		}
+		// The child has its own copies once started; bwrap closes both after reading them.
 		defer prog.Close()
-		files = make([]*os.File, seccompFD-2)
-		files[seccompFD-3] = prog
+		args, err := memfdWith("sbx-bwrap-env", env)
+		if err != nil {
+			return nil, fmt.Errorf("start %s: readonly: %w", spec.ID, err)
+		}
+		defer args.Close()
+		files = make([]*os.File, argsFD-3) // descriptors 4..argsFD
+		files[seccompFD-4], files[argsFD-4] = prog, args
 	}
 	m.mu.Lock()
 	if m.live[spec.ID] {
@@ -289,7 +299,7 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 				w.discard()
 				m.warm.refill()
 			} else {
-				p, err := w.claim(m.warm.h, spec, readonly, l, release)
+				p, err := w.claim(m.warm.h, spec, readonly, env, l, release)
 				m.warm.refill()
 				if !errors.Is(err, errWarmGone) {
 					if err != nil {
@@ -300,12 +310,27 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 			}
 		}
 	}
+	job, err := memfdWith("sbx-job", jobMessage(spec, readonly))
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	defer job.Close()
+	if files == nil {
+		files = make([]*os.File, jobFD-3)
+	}
+	files[jobFD-4] = job
 	g, err := m.h.create(spec.ID, l)
 	if err != nil {
 		release()
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	p, err := start(g, spec, files, m.grace, release, g.prepare)
+	if err == nil {
+		if err = <-p.launched; err != nil {
+			p.Wait() // the Process has removed the cgroup and released the id
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -25,12 +26,21 @@ const probeOK = "sbx-readonly-probe: ok"
 // probeID is the probe's job id, a cgroup name under the Manager's root.
 const probeID = "sbx-readonly-probe"
 
+// probeLDDebug is the probe's LD_DEBUG: the loader then writes which libraries it loads, to a file
+// under probeShm named by LD_DEBUG_OUTPUT.
+const probeLDDebug = "libs"
+
+// probeShm is where the probe's loader writes: a directory every sandbox has, writable, in its own
+// /dev, and that a host outside has too.
+const probeShm = "/dev/shm"
+
 // probeTimeout bounds the probe; bwrap and a Go binary start in well under a second.
 const probeTimeout = 20 * time.Second
 
 // ProbeReadonly runs this binary as a readonly job, exactly as readonly jobs run (bwrap, the seccomp
 // filter, the job's cgroup), and checks from inside that the sandbox holds (probeChecks: every rule
-// of the filter, / and /proc/sys not writable, no nested user namespace). It returns nil when
+// of the filter, / and /proc/sys not writable, no nested user namespace), and from outside that the
+// job's loader variables acted only inside (probeShm). It returns nil when
 // readonly jobs can run here, else an error saying why not. A runner calls it once at start-up and
 // keeps the verdict.
 func (m *Manager) ProbeReadonly(ctx context.Context) error {
@@ -38,7 +48,12 @@ func (m *Manager) ProbeReadonly(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("readonly probe: find own binary: %w", err)
 	}
-	p, err := m.Start(Spec{ID: probeID, Path: exe, Args: []string{exe, probeArg}, Dir: "/", Env: []string{}, Readonly: true})
+	// The job's loader variables must act inside the sandbox only: the probe checks that it got
+	// LD_DEBUG, and afterwards that no loader wrote its debug output on the host. Inside, /dev is
+	// the sandbox's own tmpfs, which the loader can write; outside, it would be the host's /dev/shm.
+	debugOut := filepath.Join(probeShm, fmt.Sprintf("%s-%d-%d", probeID, os.Getpid(), time.Now().UnixNano()))
+	env := []string{"LD_DEBUG=" + probeLDDebug, "LD_DEBUG_OUTPUT=" + debugOut}
+	p, err := m.Start(Spec{ID: probeID, Path: exe, Args: []string{exe, probeArg}, Dir: "/", Env: env, Readonly: true})
 	if err != nil {
 		return fmt.Errorf("readonly probe: %w", err)
 	}
@@ -50,7 +65,13 @@ func (m *Manager) ProbeReadonly(ctx context.Context) error {
 	_, _ = io.Copy(io.Discard, p.Output()) // to EOF, which closes the pipe
 	res, werr := p.Wait()
 	msg := strings.TrimSpace(string(out))
+	leaked, _ := filepath.Glob(debugOut + "*")
+	for _, f := range leaked {
+		_ = os.Remove(f)
+	}
 	switch {
+	case len(leaked) > 0:
+		return fmt.Errorf("readonly probe: the job's environment reached the loader outside the sandbox (LD_DEBUG wrote %s)", leaked[0])
 	case ctx.Err() != nil:
 		return fmt.Errorf("readonly probe: %w", ctx.Err())
 	case rerr != nil:
@@ -188,6 +209,9 @@ func probeUserns() error {
 // found the sandbox closed.
 func probe(w io.Writer) int {
 	var failed []string
+	if v := os.Getenv("LD_DEBUG"); v != probeLDDebug {
+		failed = append(failed, fmt.Sprintf("environment: LD_DEBUG is %q, want %q", v, probeLDDebug))
+	}
 	for _, c := range probeChecks() {
 		switch err := c.call(); {
 		case c.refused(err):

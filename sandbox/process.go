@@ -1,12 +1,15 @@
 package sandbox
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -29,17 +32,19 @@ type Result struct {
 	MemoryPeak uint64
 }
 
-// Process is a started job.
+// Process is a started job: the init step (init.go), pid 1 of the job's pid namespace, and the
+// job's program, its child.
 //
-// One goroutine, locked to its OS thread, starts the main process and waits for it: Pdeathsig fires
-// when the thread that forked the child exits, so that thread must live exactly as long as the child.
+// One goroutine, locked to its OS thread, starts the init step and follows it: it reads the init's
+// status pipe and waits for it. Pdeathsig fires when the thread that forked the child exits, so that
+// thread must live exactly as long as the child.
 type Process struct {
-	pid   int
-	g     group
-	grace time.Duration
-	out   *output
-	errs  *output  // standard error's own pipe (Spec.SeparateStderr); nil when it shares out
-	in    *os.File // the write end of the job's stdin (Spec.Stdin), or its terminal's master (Spec.TTY); nil when it reads /dev/null
+	jobPid int // the job's program's pid on the host, also its process group id; set once launched
+	g      group
+	grace  time.Duration
+	out    *output
+	errs   *output  // standard error's own pipe (Spec.SeparateStderr); nil when it shares out
+	in     *os.File // the write end of the job's stdin (Spec.Stdin), or its terminal's master (Spec.TTY); nil when it reads /dev/null
 	// tty: the job runs on a terminal (Spec.TTY), in is its master; readonly: inside bwrap.
 	tty, readonly bool
 	// hasInput: the job has an input (a pipe or a terminal), input is that file's identity, which
@@ -48,6 +53,11 @@ type Process struct {
 	hasInput   bool
 	input      fileID
 	supervisor string
+
+	// joined receives the init step's report that it joined its cgroups, launched that it ran the
+	// job's program (nil, jobPid set) or why not; each exactly once, in that order, or an error on
+	// both when the init ended first.
+	joined, launched chan error
 
 	done   chan struct{} // closed when result and err are set and the cgroup is gone
 	result Result
@@ -58,20 +68,24 @@ type Process struct {
 	release func()
 
 	mu      sync.Mutex
-	exited  bool           // the main process is reaped: its pid may be reused, never signal it
+	exited  bool           // the job's program has exited: its pid may be reused, never signal it
 	killing bool           // Kill has started escalate
 	killAt  time.Time      // when a kill's grace ends and everything left gets SIGKILL
 	kicked  chan struct{}  // closed by the first Kill
 	escal   sync.WaitGroup // escalate, which Wait waits for
-	// linger keeps the job after its main process exits, until its output closes (Spec.Linger).
-	linger bool
+	// linger keeps the job after its main process exits, until its output closes (Spec.Linger);
+	// lingerCgroup until its cgroup is empty (Spec.LingerCgroup).
+	linger, lingerCgroup bool
 
 	// killMu serialises cgroup kills between escalate and the finishing goroutine.
 	killMu sync.Mutex
 }
 
-// start launches spec's command inside g with files as its descriptors from 3 on; release is called
-// once the job is over. prepare makes the command start inside g (g.prepare, or the warm pool's).
+// start launches the init step inside g with files as its descriptors from 4 on (the init's job on
+// jobFD among them, which the init reads to EOF) and returns once it has joined g; release is called
+// once the job is over. prepare makes the init start inside g (g.prepare). The caller then waits on
+// p.launched for the job's program to run; a Process whose program never ran ends by itself, and
+// Wait returns once it has.
 func start(g group, spec Spec, files []*os.File, grace time.Duration, release func(), prepare func(*exec.Cmd) (func(error) error, error)) (*Process, error) {
 	fail := func(err error) (*Process, error) {
 		release()
@@ -89,22 +103,16 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 	} else if r, w, err = os.Pipe(); err != nil {
 		return fail(fmt.Errorf("output pipe: %w", err))
 	}
-	args := spec.Args
-	if len(args) == 0 {
-		args = []string{spec.Path}
-	}
-	env := spec.Env
-	if env == nil {
-		env = []string{} // nil would make os/exec inherit the runner's environment
-	}
-	dir := spec.Dir
-	if dir == "" {
-		dir = "/"
+	sr, sw, err := os.Pipe()
+	if err != nil {
+		r.Close()
+		w.Close()
+		return fail(fmt.Errorf("status pipe: %w", err))
 	}
 	// The parent's ends the child gets: closed once it has started, so that EOF means what it says.
-	childEnds := []*os.File{w}
+	childEnds := []*os.File{w, sw}
 	// parentEnds are the parent's own ends, closed when the start fails.
-	parentEnds := []*os.File{r}
+	parentEnds := []*os.File{r, sr}
 	closeAll := func() {
 		for _, f := range append(childEnds, parentEnds...) {
 			f.Close()
@@ -122,27 +130,22 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		childEnds, parentEnds = append(childEnds, ew), append(parentEnds, er)
 	}
 	cmd := &exec.Cmd{
-		Path:       spec.Path,
-		Args:       args,
-		Env:        env,
-		Dir:        dir,
+		Path: "/proc/self/exe",
+		Args: []string{initArg0},
+		// Nothing of the job's: the init runs outside the job, as the runner, and its dynamic loader
+		// reads the environment before anything else (docs/readonly.md, "The job's environment").
+		Env:        []string{},
+		Dir:        "/",
 		Stdout:     w,
 		Stderr:     stderr,
-		ExtraFiles: files,
+		ExtraFiles: append([]*os.File{sw}, files...),
 		SysProcAttr: &syscall.SysProcAttr{
 			Setpgid:   true,
 			Pdeathsig: syscall.SIGKILL,
+			// The job's own pid namespace, whose pid 1 the init is, and a mount namespace for its
+			// /proc (the init makes every mount private first).
+			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS,
 		},
-	}
-	if spec.Readonly {
-		// bwrap makes its mounts slaves of the namespace it starts in, so a mount made on the host
-		// under a shared mount while the job runs would appear in the sandbox, writable. A private
-		// namespace of its own (Go remounts / rprivate in the child) receives nothing from the host.
-		cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
-	}
-	if c := spec.Credential; c != nil {
-		// v1's prepare moves it into the init step, which drops to it after joining the cgroup.
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: c.Groups}
 	}
 	var in *os.File
 	if term != nil {
@@ -180,25 +183,30 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 	p := &Process{
 		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{}), tty: term != nil}, errs: errs, in: in, done: make(chan struct{}),
 		tty: term != nil, readonly: spec.Readonly, hasInput: in != nil, input: inputID,
-		kicked: make(chan struct{}), release: release, linger: spec.Linger,
+		kicked: make(chan struct{}), release: release, linger: spec.Linger, lingerCgroup: spec.LingerCgroup,
+		joined: make(chan error, 1), launched: make(chan error, 1),
 	}
 	if spec.Readonly {
 		p.supervisor = spec.Path // Manager.Start made it bwrap
 	}
 	startErr := make(chan error, 1)
-	go p.run(cmd, childEnds, started, startErr)
+	go p.run(cmd, childEnds, started, sr, startErr)
 	if err := <-startErr; err != nil {
-		for _, f := range parentEnds { // run closed the child's
+		for _, f := range parentEnds { // run closed the child's and the status pipe
 			f.Close()
 		}
 		return fail(err)
 	}
+	if err := <-p.joined; err != nil {
+		p.Wait() // the Process has removed the cgroup and released the id
+		return nil, err
+	}
 	return p, nil
 }
 
-// run is the goroutine that owns the main process: it starts it on a locked thread, reports the
-// start on startErr, then waits for it and finishes the job.
-func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) error, startErr chan<- error) {
+// run is the goroutine that owns the init step: it starts it on a locked thread, reports the start
+// on startErr, follows its status pipe (status) and waits for it, then finishes the job.
+func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) error, status *os.File, startErr chan<- error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	err := started(cmd.Start())
@@ -209,22 +217,22 @@ func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) e
 	}
 	if err != nil {
 		if cmd.Process != nil {
-			// The v1 init step failed to join or exec and is exiting; the kill only makes sure.
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		}
+		status.Close()
 		startErr <- err
 		return
 	}
-	p.pid = cmd.Process.Pid
 	startErr <- nil
 
-	werr := cmd.Wait()
+	ws, ok := p.follow(bufio.NewReader(status))
+	status.Close()
 	p.mu.Lock()
 	p.exited = true
 	g, release := p.g, p.release
 	p.mu.Unlock()
-	p.result, p.err = p.finish(g, cmd.ProcessState, werr)
+	p.result, p.err = p.finish(g, cmd, ws, ok)
 	if p.in != nil {
 		p.in.Close() // nothing is left to read it
 	}
@@ -232,30 +240,66 @@ func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) e
 	close(p.done)
 }
 
-// finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
-// when its shell ends), then the usage is read and the cgroup removed. A lingering job first waits
-// until its output closes or it is killed; a job being killed first lets what is left use the rest
-// of the kill's grace, so that a child's SIGTERM handler is not cut off when the shell dies first.
-func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, error) {
-	var res Result
-	var errs []error
-	// An *exec.ExitError only says the job failed, which res reports.
-	var ee *exec.ExitError
-	if werr != nil && !errors.As(werr, &ee) {
-		errs = append(errs, fmt.Errorf("wait: %w", werr))
-	}
-	if state != nil {
-		ws := state.Sys().(syscall.WaitStatus)
-		res.ExitCode = ws.ExitStatus()
-		if ws.Signaled() {
-			res.Signal = int(ws.Signal())
-			res.ExitCode = 128 + res.Signal
+// follow reads the init step's reports (init.go) until the job's program has exited: it sends on
+// joined and launched, and returns the program's wait status, or false when the init ended (killed,
+// or the job never started) without reporting one.
+func (p *Process) follow(r *bufio.Reader) (syscall.WaitStatus, bool) {
+	failed := func(err error) (syscall.WaitStatus, bool) {
+		select {
+		case p.joined <- err:
+		default:
 		}
+		p.launched <- err
+		return 0, false
+	}
+	rest := func(prefix string) error {
+		b, _ := io.ReadAll(r)
+		if msg := prefix + string(b); msg != "" {
+			return errors.New(msg)
+		}
+		return errors.New("init step exited")
+	}
+	b, err := r.ReadByte()
+	if err != nil || b != '+' {
+		if err != nil {
+			return failed(rest(""))
+		}
+		return failed(rest(string(b)))
+	}
+	p.joined <- nil
+	line, err := r.ReadString('\n')
+	pid, perr := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(line, "pid "), "\n"))
+	if err != nil || !strings.HasPrefix(line, "pid ") || perr != nil {
+		return failed(rest(line))
 	}
 	p.mu.Lock()
-	linger := p.linger
+	p.jobPid = pid
 	p.mu.Unlock()
-	if linger {
+	p.launched <- nil
+	line, err = r.ReadString('\n')
+	st, serr := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(line, "status "), "\n"))
+	if err != nil || !strings.HasPrefix(line, "status ") || serr != nil {
+		return 0, false
+	}
+	return syscall.WaitStatus(st), true
+}
+
+// finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
+// when its shell ends), the init step reaped, then the usage is read and the cgroup removed. A
+// lingering job first waits until its output closes or it is killed; a job being killed first lets
+// what is left use the rest of the kill's grace, so that a child's SIGTERM handler is not cut off
+// when the shell dies first. ws is the job's program's wait status when the init reported one (ok),
+// else the init's own counts (it was killed with the job).
+func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool) (Result, error) {
+	var res Result
+	var errs []error
+	p.mu.Lock()
+	linger, lingerCgroup := p.linger, p.lingerCgroup
+	p.mu.Unlock()
+	if lingerCgroup && ok {
+		waitEmptyOrKicked(g.pids, p.kicked)
+	}
+	if (linger || lingerCgroup) && ok {
 		for _, o := range []*output{p.out, p.errs} {
 			if o == nil {
 				continue
@@ -278,6 +322,20 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 	if kerr != nil {
 		errs = append(errs, fmt.Errorf("kill leftovers: %w", kerr))
 	}
+	werr := cmd.Wait()
+	// An *exec.ExitError only says the init failed, which res reports.
+	var ee *exec.ExitError
+	if werr != nil && !errors.As(werr, &ee) {
+		errs = append(errs, fmt.Errorf("wait: %w", werr))
+	}
+	if !ok && cmd.ProcessState != nil {
+		ws = cmd.ProcessState.Sys().(syscall.WaitStatus)
+	}
+	res.ExitCode = ws.ExitStatus()
+	if ws.Signaled() {
+		res.Signal = int(ws.Signal())
+		res.ExitCode = 128 + res.Signal
+	}
 	u, err := g.usage()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("read usage: %w", err))
@@ -289,8 +347,15 @@ func (p *Process) finish(g group, state *os.ProcessState, werr error) (Result, e
 	return res, errors.Join(errs...)
 }
 
-// Pid is the main process's pid, which is also its process group id.
-func (p *Process) Pid() int { return p.pid }
+// Pid is the job's program's pid as the host sees it (the job's shell; bwrap for a readonly job),
+// which is also its process group id: `kill PID` on the host reaches it as it would any process.
+// Inside its namespace its init is pid 1 and the job's shell pid 2 (higher with the Go init, whose
+// runtime threads come first).
+func (p *Process) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.jobPid
+}
 
 // Input is the write end of the job's standard input when Spec.Stdin asked for one, the master of
 // its terminal with Spec.TTY (what is written is typed: closing it does not hang the terminal up,
@@ -326,7 +391,10 @@ func (p *Process) Signal(sig syscall.Signal) error {
 	if p.exited {
 		return os.ErrProcessDone
 	}
-	if err := unix.Kill(-p.pid, sig); err != nil {
+	if p.jobPid == 0 {
+		return fmt.Errorf("signal %s: the job has not started", sig)
+	}
+	if err := unix.Kill(-p.jobPid, sig); err != nil {
 		return fmt.Errorf("signal %s: %w", sig, err)
 	}
 	return nil
@@ -360,8 +428,8 @@ func (p *Process) Kill() error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.exited {
-		if err := unix.Kill(-p.pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
+	if !p.exited && p.jobPid > 0 {
+		if err := unix.Kill(-p.jobPid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("kill: %w", errors.Join(serr, err))
 		}
 	}
@@ -386,7 +454,9 @@ func (p *Process) escalate() {
 		return
 	}
 	// ESRCH: the main process left its group (setsid); the cgroup kill below still reaches it.
-	_ = unix.Kill(-p.pid, unix.SIGKILL)
+	if p.jobPid > 0 {
+		_ = unix.Kill(-p.jobPid, unix.SIGKILL)
+	}
 	g := p.g
 	p.mu.Unlock()
 	p.killMu.Lock()

@@ -88,15 +88,13 @@ func openPeer(master int) (*os.File, error) {
 	return f, nil
 }
 
-// attach makes the slave cmd's standard input, output and error and its controlling terminal, in
-// a session of its own: the kernel then sends SIGWINCH on a resize and SIGHUP when the terminal
+// attach makes the slave the init step's standard input, output and error, which it passes on to
+// the job's program. The init stays in the group Start gave it, outside any session of the
+// terminal's; its child (jobMessage's tty field) starts a session of its own with the terminal as
+// its controlling terminal: the kernel then sends SIGWINCH on a resize and SIGHUP when the terminal
 // goes. The session leader is its own process group leader, which Process.Signal relies on.
 func (t *terminal) attach(cmd *exec.Cmd) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = t.slave, t.slave, t.slave
-	cmd.SysProcAttr.Setpgid = false // setsid makes the group; setpgid after it would fail
-	cmd.SysProcAttr.Setsid = true
-	cmd.SysProcAttr.Setctty = true
-	cmd.SysProcAttr.Ctty = 0 // the child's descriptor 0, the slave
 }
 
 func (t *terminal) close() {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -205,6 +206,41 @@ func TestTTYAsUser(t *testing.T) {
 			if !strings.Contains(out, w) {
 				t.Errorf("output %q lacks %q", out, w)
 			}
+		}
+	})
+}
+
+// TestTTYSessionInInit: a tty job starts through the init step, pid 1 of its pid namespace. The
+// job's program leads a session of its own whose controlling terminal is the job's, in the
+// terminal's foreground group (what SIGWINCH and typed ^C reach); the init has no terminal.
+func TestTTYSessionInInit(t *testing.T) {
+	// /proc/PID/stat: pid (comm) state ppid pgrp session tty_nr tpgid; neither comm has a space.
+	script := `echo "init $(cut -d' ' -f7 /proc/1/stat) end"; echo "job $$ $(cut -d' ' -f5-8 /proc/$$/stat) end"`
+	re := regexp.MustCompile(`init (\d+) end\r\njob (\d+) (\d+) (\d+) (\d+) (\d+) end`)
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		p, err := m.Start(bashTTY("session", script, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := watchScreen(p.Output())
+		if res, err := p.Wait(); err != nil || res.ExitCode != 0 {
+			t.Fatalf("Wait = %+v, %v", res, err)
+		}
+		out := s.end(t)
+		f := re.FindStringSubmatch(out)
+		if f == nil {
+			t.Fatalf("output %q does not match %s", out, re)
+		}
+		initTTY, pid, pgrp, sid, tty, tpgid := f[1], f[2], f[3], f[4], f[5], f[6]
+		if initTTY != "0" {
+			t.Errorf("the init has controlling terminal %s, want none", initTTY)
+		}
+		if pid == "1" || pgrp != pid || sid != pid {
+			t.Errorf("job pid %s, group %s, session %s: want the init's child leading both", pid, pgrp, sid)
+		}
+		if tty == "0" || tpgid != pgrp {
+			t.Errorf("job's terminal %s, its foreground group %s: want the job's terminal, group %s", tty, tpgid, pgrp)
 		}
 	})
 }

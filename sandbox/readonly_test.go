@@ -25,10 +25,13 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
-// TestBwrapArgs holds the readonly argv to testdata/bwrap_args.golden, one argument a line.
+// TestBwrapArgs holds the readonly argv to testdata/bwrap_args.golden, one argument a line, followed
+// by the --args file that gives the job its environment (bwrapEnv), one NUL-terminated item a line.
 func TestBwrapArgs(t *testing.T) {
 	hide := []hidden{{path: "/etc/sbx", dir: true}, {path: "/root/.sbx-token"}}
-	got := strings.Join(bwrapArgs("/home/dev/app", seccompFD, hide, []string{"/bin/sh", "-c", "git log | head"}), "\n") + "\n"
+	got := strings.Join(bwrapArgs("/home/dev/app", seccompFD, argsFD, hide, []string{"/bin/sh", "-c", "git log | head"}), "\n") + "\n"
+	env := bwrapEnv([]string{"PATH=/usr/bin:/bin", "LD_PRELOAD=/home/dev/x.so", "EMPTY=", "A=b=c", "NOVALUE", "PATH=/bin"})
+	got += "--- --args file ---\n" + strings.ReplaceAll(string(env), "\x00", "\n")
 	golden := filepath.Join("testdata", "bwrap_args.golden")
 	if *update {
 		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
@@ -244,11 +247,25 @@ func i386Delivered(t *testing.T, probe string) string {
 }
 
 // TestProbeReadonly: the probe passes with the real bwrap and fails, saying why, with a bwrap that
-// does not start or is missing.
+// does not start, is missing, or runs with the job's environment.
 func TestProbeReadonly(t *testing.T) {
 	requireReadonly(t)
 	broken := filepath.Join(t.TempDir(), "bwrap")
 	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'bwrap: cannot start' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	real, err := exec.LookPath("bwrap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A bwrap started with the job's environment, as before: it exports the --setenv pairs of its
+	// --args file (opened anew through /proc, so that bwrap still reads it from the start).
+	leaky := filepath.Join(t.TempDir(), "bwrap")
+	script := fmt.Sprintf(`#!/bin/sh
+eval "$(tr '\0' '\n' </proc/self/fd/%d | awk 'NR%%3==2 { k = $0 } NR%%3==0 { printf "export %%s='%%s'\n", k, $0 }')"
+exec %s "$@"
+`, argsFD, real)
+	if err := os.WriteFile(leaky, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -259,6 +276,7 @@ func TestProbeReadonly(t *testing.T) {
 		{"bwrap", "", ""},
 		{"bwrap exits 1", broken, "exit code 1: bwrap: cannot start"},
 		{"bwrap missing", "/nonexistent/bwrap", "find bwrap"},
+		{"bwrap with the job's environment", leaky, "reached the loader outside the sandbox"},
 	}
 	eachVersion(t, func(t *testing.T, cfg Config) {
 		for _, tt := range tests {

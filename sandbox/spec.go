@@ -57,9 +57,14 @@ type Spec struct {
 	// process holding the pipe (a background child printing) has exited or closed it. Without it,
 	// whatever is left in the cgroup is killed when the main process exits.
 	Linger bool
+	// LingerCgroup keeps the job going after its main process exits until its cgroup is empty:
+	// until every process it started has exited, a daemon that redirected its output
+	// (`nohup setsid srv >/dev/null 2>&1 &`) included, which Linger does not wait for. The job stays
+	// one that can be seen, waited on and killed.
+	LingerCgroup bool
 	// Credential, when set, is the user and groups the program runs as; nil runs it as the runner.
-	// The process joins its cgroup before it drops to the credential (on v1 in the init step, which
-	// needs the runner's privileges to write cgroup.procs).
+	// The init step joins the cgroup as the runner (writing cgroup.procs needs its privileges); the
+	// job's program drops to the credential before its exec.
 	Credential *Credential
 	// Resources holds the limits: Memory.Limit and Memory.Swap (memory+swap, as on v1), CPU.Quota and
 	// CPU.Period, Pids.Limit. Nil means unset. Any other field set is ErrUnsupported.

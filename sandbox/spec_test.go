@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"errors"
 	"strings"
 	"testing"
@@ -63,40 +64,55 @@ func TestNewManagerInvalidConfig(t *testing.T) {
 }
 
 func TestInitArgsRoundTrip(t *testing.T) {
+	for _, procs := range [][]string{nil, {"/a/cgroup.procs", "/b/cgroup.procs"}} {
+		args := initArgs(procs)
+		if args[0] != initArg0 {
+			t.Fatalf("argv[0] = %q", args[0])
+		}
+		got, err := parseInitArgs(args[1:])
+		if err != nil || strings.Join(got, "|") != strings.Join(procs, "|") {
+			t.Errorf("parseInitArgs(%q) = %q, %v", args[1:], got, err)
+		}
+	}
+	for _, bad := range [][]string{{"1"}, {"x"}, {}, {"0", "extra"}} {
+		if _, err := parseInitArgs(bad); err == nil {
+			t.Errorf("parseInitArgs accepted %q", bad)
+		}
+	}
+}
+
+func TestJobMessageRoundTrip(t *testing.T) {
 	tests := []struct {
-		name  string
-		cred  *Credential
-		procs []string
-		path  string
-		argv  []string
+		name     string
+		spec     Spec
+		readonly bool
 	}{
-		{"none", nil, nil, "/bin/true", []string{"true"}},
-		{"two", nil, []string{"/a/cgroup.procs", "/b/cgroup.procs"}, "/bin/sh", []string{"sh", "-c", "echo 1 2"}},
-		{"user", &Credential{UID: 1000, GID: 100}, []string{"/a/cgroup.procs"}, "/bin/sh", []string{"sh"}},
-		{"groups", &Credential{UID: 65534, GID: 65534, Groups: []uint32{4, 27, 4294967294}}, nil, "/bin/id", []string{"id"}},
+		{"plain", Spec{Path: "/bin/sh", Args: []string{"sh", "-c", "echo 1 2"}, Dir: "/tmp", Env: []string{"A=1", "B="}}, false},
+		{"no args", Spec{Path: "/bin/true", Env: []string{}}, false},
+		{"user", Spec{Path: "/bin/id", Args: []string{"id"}, Credential: &Credential{UID: 65534, GID: 65534, Groups: []uint32{4, 27, 4294967294}}}, true},
+		{"tty", Spec{Path: "/bin/sh", TTY: true}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			args := initArgs(tt.cred, tt.procs, tt.path, tt.argv)
-			if args[0] != initArg0 {
-				t.Fatalf("argv[0] = %q", args[0])
-			}
-			cred, procs, path, argv, err := parseInitArgs(args[1:])
+			j, err := parseJobMessage(jobMessage(tt.spec, tt.readonly))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cred.String() != tt.cred.String() {
-				t.Errorf("credential %s, want %s", cred, tt.cred)
+			args := tt.spec.Args
+			if len(args) == 0 {
+				args = []string{tt.spec.Path}
 			}
-			if strings.Join(procs, "|") != strings.Join(tt.procs, "|") || path != tt.path ||
-				strings.Join(argv, "|") != strings.Join(tt.argv, "|") {
-				t.Errorf("got %q %q %q", procs, path, argv)
+			dir := cmp.Or(tt.spec.Dir, "/")
+			if j.readonly != tt.readonly || j.tty != tt.spec.TTY || j.cred.String() != tt.spec.Credential.String() || j.dir != dir || j.path != tt.spec.Path ||
+				strings.Join(j.argv, "|") != strings.Join(args, "|") || strings.Join(j.env, "|") != strings.Join(tt.spec.Env, "|") {
+				t.Errorf("got %+v", j)
 			}
 		})
 	}
-	for _, bad := range [][]string{{"-", "5", "x"}, {"5"}, {"1:2", "0", "/bin/true", "true"}, {"1:x:", "0", "/bin/true", "true"}, {"1:2:3,", "0", "/bin/true", "true"}} {
-		if _, _, _, _, err := parseInitArgs(bad); err == nil {
-			t.Errorf("parseInitArgs accepted %q", bad)
+	for _, bad := range []string{"", "0\x000\x00-\x00/\x00/bin/true\x001\x00true\x00", "0\x000\x00-\x00/\x00/bin/true\x005\x00true\x000\x00",
+		"0\x000\x001:x:\x00/\x00/bin/true\x000\x000\x00", "0\x00-\x00/\x00/bin/true\x000\x000\x00"} {
+		if _, err := parseJobMessage([]byte(bad)); err == nil {
+			t.Errorf("parseJobMessage accepted %q", bad)
 		}
 	}
 }

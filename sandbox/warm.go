@@ -1,14 +1,11 @@
 package sandbox
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -17,20 +14,14 @@ import (
 
 // Moving a process into a v1 cgroup takes the kernel's cgroup threadgroup lock for writing, which
 // waits for an RCU grace period: about 5 ms, on every job's start. A warm init step pays it before
-// the job arrives: it is this binary re-executed as warmArg0 into a spare cgroup (warm-<id>-<n>), where its
-// C constructor joins the cgroup and then waits on jobFD for the job. Start takes one, applies the
-// job's limits, renames the cgroup to the job's id (v1 allows renaming a cgroup; its processes stay),
-// and sends the program, directory and environment; the init step execs it. A new one is made in the
-// background. The job still starts already inside its cgroup, as on the cold path.
+// the job arrives: it is the init step (init.go) started into a spare cgroup (warm-<id>-<n>), where
+// its C constructor joins the cgroup and then waits on jobFD for the job. Start takes one, applies
+// the job's limits, renames the cgroup to the job's id (v1 allows renaming a cgroup; its processes
+// stay), and sends the job; the init step runs it. A new one is made in the background. The job
+// still starts already inside its cgroup, as on the cold path.
 const (
-	warmArg0 = "sbx-init-warm"
-	// jobFD is where a warm init step reads its job (warmMessage); statusFD reports as for the cold
-	// one, and seccompFD holds the readonly program, for a readonly job.
-	jobFD = seccompFD + 1
 	// defaultWarm is how many warm init steps a v1 Manager keeps.
 	defaultWarm = 4
-	// warmJoined is the byte a warm init step writes on its status pipe once it joined its cgroup.
-	warmJoined = '+'
 )
 
 // errWarmGone means a warm init step died before a job could use it; Start goes the cold way.
@@ -53,12 +44,14 @@ type warmPool struct {
 
 // warmProc is one warm init step.
 type warmProc struct {
-	name   string   // its cgroup's name under the root until a job claims it
-	p      *Process // the init step, which becomes the job
-	job    *os.File // write end of its job pipe
-	status *os.File // read end of its status pipe
+	name string   // its cgroup's name under the root until a job claims it
+	p    *Process // the init step, which becomes the job
+	job  *os.File // write end of its job pipe
 	// seccomp is whether it holds the readonly program on seccompFD (readonly jobs are possible here).
 	seccomp bool
+	// env is the empty file it holds on argsFD, for a readonly job's environment (bwrapEnv); nil
+	// without seccomp.
+	env *os.File
 }
 
 func newWarmPool(m *Manager, h *v1Hierarchy, size int) *warmPool {
@@ -146,66 +139,58 @@ func (wp *warmPool) make() (*warmProc, error) {
 		release()
 		return nil, errors.Join(fmt.Errorf("job pipe: %w", err), g.remove())
 	}
-	sr, sw, err := os.Pipe()
-	if err != nil {
-		jr.Close()
-		jw.Close()
-		release()
-		return nil, errors.Join(fmt.Errorf("status pipe: %w", err), g.remove())
-	}
-	// The readonly program, when readonly jobs can run here: a step cannot know its job's kind.
-	var prog *os.File
+	// The readonly program, when readonly jobs can run here: a step cannot know its job's kind. With
+	// it an empty file for the environment of a readonly job, which claim fills in: the runner keeps
+	// the file, so it can write what the step's bwrap will read.
+	var prog, env *os.File
 	if ro, err := m.ro.get(m.bwrap); err == nil {
 		prog, _ = ro.program() // without it the step serves plain jobs only
 	}
-	vg := g.(*v1Group)
-	args := []string{warmArg0, strconv.Itoa(len(vg.dirs))}
-	for _, dir := range vg.dirs {
-		args = append(args, filepath.Join(dir, "cgroup.procs"))
+	if prog != nil {
+		if env, err = memfd("sbx-bwrap-env"); err != nil {
+			prog.Close()
+			prog, env = nil, nil
+		}
 	}
-	spec := Spec{Path: "/proc/self/exe", Args: args, Dir: "/", Env: []string{}}
-	prepare := func(cmd *exec.Cmd) (func(error) error, error) {
-		files := make([]*os.File, jobFD-2) // descriptors 3..jobFD
-		files[statusFD-3], files[seccompFD-3], files[jobFD-3] = sw, prog, jr
-		cmd.ExtraFiles = files
-		return func(err error) error {
-			sw.Close()
-			jr.Close()
-			if prog != nil {
-				prog.Close()
-			}
-			return err
-		}, nil
+	files := make([]*os.File, argsFD-3) // descriptors 4..argsFD
+	files[seccompFD-4], files[jobFD-4], files[argsFD-4] = prog, jr, env
+	p, err := start(g, Spec{}, files, m.grace, release, g.prepare)
+	// The step has its own copies once started.
+	jr.Close()
+	if prog != nil {
+		prog.Close()
 	}
-	p, err := start(g, spec, nil, m.grace, release, prepare)
 	if err != nil {
 		jw.Close()
-		sr.Close()
+		if env != nil {
+			env.Close()
+		}
 		return nil, err
 	}
-	w := &warmProc{name: name, p: p, job: jw, status: sr, seccomp: prog != nil}
-	// Ready means joined: the init step says so with one byte before it waits for the job.
-	joined := make([]byte, 1)
-	if _, err := io.ReadFull(sr, joined); err != nil || joined[0] != warmJoined {
-		w.discard()
-		return nil, fmt.Errorf("warm init step did not join its cgroup: %v", err)
-	}
-	return w, nil
+	return &warmProc{name: name, p: p, job: jw, seccomp: prog != nil, env: env}, nil
 }
 
 // discard ends a warm init step no job will use; its Process removes its cgroup.
 func (w *warmProc) discard() {
 	w.job.Close() // the init step reads EOF, finds no job and exits
-	w.status.Close()
+	w.closeEnv()
 	_, _ = w.p.Wait()
 }
 
+// closeEnv closes the runner's copy of the step's environment file.
+func (w *warmProc) closeEnv() {
+	if w.env != nil {
+		w.env.Close()
+		w.env = nil
+	}
+}
+
 // claim makes the warm init step run spec (bwrap already, for a readonly job, which keeps the
-// step's seccompFD): it applies l, renames the cgroup to spec.ID and sends
-// the job. release is the job's: the Process calls it when the job is over, or claim does when it
+// step's seccompFD and finds env, its environment for bwrap, on argsFD): it applies l, renames the
+// cgroup to spec.ID and sends the job. release is the job's: the Process calls it when the job is over, or claim does when it
 // fails before the Process has it. errWarmGone means the step had died: spec.ID stays live for the
 // cold start that follows.
-func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, l limits, release func()) (*Process, error) {
+func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, env []byte, l limits, release func()) (*Process, error) {
 	p := w.p
 	early := func(err error) (*Process, error) {
 		w.discard()
@@ -233,60 +218,31 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, l limits, rel
 		return early(err)
 	}
 	warmRelease := p.release
-	p.g, p.release, p.linger = g, release, spec.Linger
+	p.g, p.release, p.linger, p.lingerCgroup = g, release, spec.Linger, spec.LingerCgroup
+	if readonly {
+		// What Activity knows of a readonly job, as start sets it for a cold one.
+		p.readonly, p.supervisor = true, spec.Path
+	}
 	p.mu.Unlock()
 	warmRelease() // the Manager forgets the spare name; the job's id is live
 	if err := g.cg.Update(res); err != nil {
 		return fail(fmt.Errorf("apply limits: %w", err))
 	}
-	_, werr := w.job.Write(warmMessage(spec, readonly))
+	if readonly {
+		// At offset 0 without moving the shared offset, from which bwrap reads.
+		if _, err := w.env.WriteAt(env, 0); err != nil {
+			return fail(fmt.Errorf("write the job's environment: %w", err))
+		}
+	}
+	w.closeEnv()
+	// A failed write means the step died, which launched reports.
+	_, _ = w.job.Write(jobMessage(spec, readonly))
 	w.job.Close()
-	msg, rerr := io.ReadAll(w.status)
-	w.status.Close()
-	switch {
-	case len(msg) > 0:
-		return fail(errors.New(string(msg)))
-	case werr != nil:
-		return fail(fmt.Errorf("send job to init step: %w", werr))
-	case rerr != nil:
-		return fail(fmt.Errorf("read init status: %w", rerr))
+	if err := <-p.launched; err != nil {
+		p.Wait() // the job's id is released with the Process
+		return nil, err
 	}
 	return p, nil
-}
-
-// warmMessage is the job a warm init step execs: NUL-terminated fields seccomp ("1" keeps seccompFD
-// open for bwrap), credential (Credential.String), dir, path, argc, argv..., envc, env... (Spec.validate refuses NUL bytes in all).
-func warmMessage(spec Spec, readonly bool) []byte {
-	var b bytes.Buffer
-	field := func(s string) {
-		b.WriteString(s)
-		b.WriteByte(0)
-	}
-	dir := spec.Dir
-	if dir == "" {
-		dir = "/"
-	}
-	args := spec.Args
-	if len(args) == 0 {
-		args = []string{spec.Path}
-	}
-	if readonly {
-		field("1")
-	} else {
-		field("0")
-	}
-	field(spec.Credential.String())
-	field(dir)
-	field(spec.Path)
-	field(strconv.Itoa(len(args)))
-	for _, a := range args {
-		field(a)
-	}
-	field(strconv.Itoa(len(spec.Env)))
-	for _, e := range spec.Env {
-		field(e)
-	}
-	return b.Bytes()
 }
 
 // rename renames the job cgroup from to to in every hierarchy; on failure it renames back what it

@@ -185,6 +185,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.BoolVar(&req.Stdin, "stdin", false, "give the job an input pipe (sbx send writes to it) instead of /dev/null")
 	fs.BoolVar(&req.TTY, "tty", false, "run the job on a pseudo-terminal (24x80; sbx send types on it)")
 	fs.BoolVar(&req.Linger, "linger", false, "keep the job until its output closes (background children printing), not only until its shell exits")
+	fs.BoolVar(&req.LingerCgroup, "linger-cgroup", false, "keep the job until every process it started has exited, daemons with their output redirected too (nohup setsid srv >/dev/null 2>&1 &)")
 	fs.StringVar(&req.Shell, "shell", "", "sh or bash (default: the runner's, bash where installed)")
 	fs.StringVar(&req.User, "user", "", "user the job runs as (default: the runner's; the runner must allow it)")
 	fs.Var(envList(req.Env), "env", "K=V added to the job's environment (repeatable)")
@@ -192,6 +193,7 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	fs.BoolVar(&req.Monitor, "monitor", false, "notify every output line (stopped if it prints too fast)")
 	fs.BoolVar(&req.Persistent, "persistent", false, "with --monitor: no default timeout")
 	ws := fs.String("ws", "", "instead of a command, a ws:// or wss:// URL whose messages are the output (read by the runner)")
+	fs.StringVar(&req.ToolCallID, "tool-call-id", "", "the agent's tool call that starts the job: its notifications name it (tool_call_id, <tool_use_id>)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -246,6 +248,10 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 		return nil
 	}
 	if reply.Backgrounded {
+		// stdout keeps the job's bytes; the note says they are its end only.
+		if note := reply.TruncationNote(); note != "" {
+			fmt.Fprintln(cc.stderr, note)
+		}
 		fmt.Fprint(cc.stdout, reply.Output)
 		return &exitError{code: 0, msg: fmt.Sprintf("job %s still running after %s; follow it with: sbx logs -f %s", reply.Job.ID, wait, reply.Job.ID)}
 	}

@@ -468,7 +468,8 @@ func (p *stallProxy) resume() {
 	}
 }
 
-// startSpinner starts a job that records its pid and runs until killed, and waits until it runs.
+// startSpinner starts a job that runs until killed, waits until it runs, and returns its shell's pid
+// on the host (the job's own $$ is its pid in its pid namespace).
 func startSpinner(t *testing.T, c *client.Client) (id string, pid int) {
 	t.Helper()
 	dir := jobDir(t)
@@ -476,11 +477,11 @@ func startSpinner(t *testing.T, c *client.Client) (id string, pid int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, c, res.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" })
+	j := waitStatus(t, c, res.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" && j.Pid != nil })
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		b, _ := os.ReadFile(filepath.Join(dir, "pid"))
-		if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-			return res.Job.ID, pid
+		if _, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			return res.Job.ID, *j.Pid
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the job wrote no pid: %q", b)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -38,6 +39,34 @@ func TestAgentShell(t *testing.T) {
 	out, err = s.sbx(t, "run", "--linger", "--wait", "10s", "--", "(sleep 0.3; echo late) & echo early")
 	if err != nil || out != "early\nlate\n" {
 		t.Errorf("--linger: %q, %v; want the background child's line too", out, err)
+	}
+
+	// A daemon that redirected its output ends a --linger job at once (killed); with
+	// --linger-cgroup it stays the job's, running until killed with it. The job's $! is a pid of its
+	// own pid namespace: the daemon is found on the host by its argument.
+	arg := fmt.Sprintf("1000.%09d", time.Now().UnixNano()%1e9)
+	out, err = s.sbx(t, "run", "--linger-cgroup", "--", "nohup setsid sleep "+arg+" >/dev/null 2>&1 & echo $!")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = strings.TrimSpace(out)
+	if out, err := s.sbx(t, "wait", "--pattern", `^\d+$`, "--timeout", "20s", id); err != nil {
+		t.Fatalf("wait for the daemon's pid: %q, %v", out, err)
+	}
+	if j, err := s.c.Wait(t.Context(), id, 500*time.Millisecond, ""); err != nil || j.Done || !j.Job.LingerCgroup {
+		t.Fatalf("--linger-cgroup job with a daemon: %+v, %v", j, err)
+	}
+	var daemon string
+	for deadline := time.Now().Add(10 * time.Second); daemon == ""; time.Sleep(10 * time.Millisecond) {
+		if daemon = sleeping(t, arg); daemon == "" && time.Now().After(deadline) {
+			t.Fatal("the --linger-cgroup job's daemon is not running")
+		}
+	}
+	if _, err := s.sbx(t, "kill", id); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := s.c.Wait(t.Context(), id, 20*time.Second, ""); err != nil || !j.Done || alive(daemon) {
+		t.Errorf("killed --linger-cgroup job: %+v, %v; daemon %s alive %v", j, err, daemon, alive(daemon))
 	}
 
 	// A kill gives the job's children their grace, after the shell died of its SIGTERM.

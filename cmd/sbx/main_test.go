@@ -275,7 +275,10 @@ func TestReplyBlocksUntilEnd(t *testing.T) {
 func TestKillTree(t *testing.T) {
 	s := startServe(t)
 	ctx := t.Context()
-	r, err := s.c.Start(ctx, client.StartRequest{Cwd: "/", Command: "setsid sh -c 'trap \"\" TERM; sleep 1000' & echo $!; sleep 1000"})
+	// A job prints pids of its own pid namespace: the grandchild is found on the host by its
+	// argument.
+	arg := fmt.Sprintf("1000.%09d", time.Now().UnixNano()%1e9)
+	r, err := s.c.Start(ctx, client.StartRequest{Cwd: "/", Command: "setsid sh -c 'trap \"\" TERM; sleep " + arg + "' & echo $!; sleep 1000"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,13 +287,12 @@ func TestKillTree(t *testing.T) {
 	if err != nil || !w.PatternMatched {
 		t.Fatalf("wait for the pid: %+v, %v", w, err)
 	}
-	out, _, err := s.c.Output(ctx, id, 0, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	grandchild := strings.TrimSpace(string(out))
-	if _, err := os.Stat("/proc/" + grandchild); err != nil {
-		t.Fatalf("grandchild %s not running before the kill: %v", grandchild, err)
+	var grandchild string
+	for deadline := time.Now().Add(10 * time.Second); grandchild == ""; time.Sleep(10 * time.Millisecond) {
+		grandchild = sleeping(t, arg)
+		if grandchild == "" && time.Now().After(deadline) {
+			t.Fatal("grandchild not running before the kill")
+		}
 	}
 	if _, err := s.c.Kill(ctx, id, ""); err != nil {
 		t.Fatal(err)
@@ -309,6 +311,22 @@ func TestKillTree(t *testing.T) {
 	if _, err := s.c.Kill(ctx, id, ""); !errors.As(err, &apiErr) || apiErr.Status != 409 {
 		t.Fatalf("kill of an ended job: %v", err)
 	}
+}
+
+// sleeping returns the host pid of a live "sleep arg", or "".
+func sleeping(t *testing.T, arg string) string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && string(b) == "sleep\x00"+arg+"\x00" && alive(e.Name()) {
+			return e.Name()
+		}
+	}
+	return ""
 }
 
 // alive reports whether a process exists and is not a zombie (a killed orphan stays a zombie until
@@ -489,7 +507,7 @@ func TestNotifyEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	id = strings.TrimSpace(out)
-	got = s.events(t, "e2e", "task_id: "+id+"\ntitle: sh -c 'for i in $(seq 20); do echo ERR $i; done'\ntool_call_id: "+id+"\noutput_path: ")
+	got = s.events(t, "e2e", "task_id: "+id+"\ntitle: sh -c 'for i in $(seq 20); do echo ERR $i; done'\ntool_call_id: "+id+"\n</task>")
 	if n := strings.Count(got, "<system_notification>"); n != 3 {
 		t.Fatalf("got %d notifications, want the first match, the 19 more and the end (the --wait job sends none):\n%s", n, got)
 	}
@@ -506,15 +524,15 @@ func TestNotifyEndToEnd(t *testing.T) {
 	}
 	id = strings.TrimSpace(out)
 	got = ""
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(got, "<task-id>"+id) && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(got, "<task_id>"+id) && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		out, err := s.sbx(t, "events", "--session", "e2e", "--format", "task_notification")
 		if err != nil {
 			t.Fatal(err)
 		}
 		got += out
 	}
-	if !strings.HasPrefix(got, "<task-notification>\n<task-id>"+id+"</task-id>\n") || strings.Count(got, "</task-notification>") != 1 ||
-		!strings.Contains(got, `<summary>Background command "sh -c 'echo "&lt;/task-notification&gt;"; exit 3'" failed with exit code 3</summary>`) {
+	if !strings.HasPrefix(got, "<task-notification>\n<task_id>"+id+"</task_id>\n") || strings.Count(got, "</task-notification>") != 1 ||
+		!strings.Contains(got, `<summary>Async command "sh -c 'echo "&lt;/task-notification&gt;"; exit 3'" failed with exit code 3</summary>`) {
 		t.Fatalf("task_notification:\n%s", got)
 	}
 

@@ -120,6 +120,20 @@ func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stde
 	return h.server(c, t).Run(ctx, t)
 }
 
+// mcpStatelessVersion is the first MCP protocol version without sessions (SEP-2575).
+const mcpStatelessVersion = "2026-07-28"
+
+// mcpSessionVersions returns the protocol versions the SDK supports that open a session.
+func mcpSessionVersions() []string {
+	var vs []string
+	for _, v := range mcp.SupportedProtocolVersions() {
+		if v < mcpStatelessVersion { // the versions are dates: they sort as strings
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
 // checkMaxBlock checks the value of a flag that bounds how long a tool call blocks.
 func checkMaxBlock(flag string, d time.Duration) error {
 	if d < time.Second || d > 10*time.Minute {
@@ -162,6 +176,13 @@ func (h *mcpHost) server(c *client.Client, raw *rawTransport) *mcp.Server {
 		Instructions: fmt.Sprintf(mcpInstructions, h.cfg.MaxBlock, mcpInlineOutput>>10, pushedAs, session),
 		Capabilities: caps,
 		SchemaCache:  h.schemas,
+		// Push needs a session: a connection opened by initialize, on which the server may speak
+		// outside a call. From 2026-07-28 (SEP-2575) a client opens none: it sends server/discover
+		// and then stateless requests, log messages go only to the request they belong to, and no
+		// notifications/initialized ever starts a pusher. Offering only the versions before it makes
+		// such a client fall back to initialize at the newest of them (the SDK's client does so on
+		// its own), over stdio as over HTTP, whose stateful handler offers no more either.
+		SupportedProtocolVersions: mcpSessionVersions(),
 		InitializedHandler: func(_ context.Context, req *mcp.InitializedRequest) {
 			h.startPusher(req.Session, c, raw)
 		},

@@ -46,7 +46,7 @@ func testMCPStdio(t *testing.T, addr, token, cwd string) {
 		if err := json.Unmarshal(e.Params, &p); err != nil {
 			t.Fatal(err)
 		}
-		if p.Content != n.Text || p.Meta["job_id"] != n.JobID || p.Meta["seq"] != jsonText(n.Seq) || p.Meta["status"] != "aborted" {
+		if p.Content != n.Text || p.Meta["job_id"] != n.JobID || p.Meta["seq"] != jsonText(n.Seq) || p.Meta["status"] != "error" {
 			t.Errorf("channel event %s, want the notification %+v", e.Params, n)
 		}
 	case <-time.After(10 * time.Second):
@@ -117,6 +117,50 @@ func testMCPHTTP(t *testing.T, addr, token, cwd string) {
 	call[any](t, quiet, "ack", map[string]any{"seq": page.Next})
 }
 
+// testMCPDefaultProtocol connects the SDK's client as it comes, at its default protocol version
+// (2026-07-28, which opens no session), to `sbx mcp` over stdio and to /mcp, and sees a job's end
+// pushed on both.
+func testMCPDefaultProtocol(t *testing.T, addr, token, cwd string) {
+	bin := buildSbx(t)
+	hc := &http.Client{Transport: &headers{base: http.DefaultTransport, set: map[string]string{
+		"Authorization": "Bearer " + token, "Sbx-Session": "default-http",
+	}}}
+	for _, tc := range []struct {
+		name string
+		t    func() mcp.Transport
+	}{
+		{"stdio", func() mcp.Transport {
+			cmd := exec.Command(bin, "mcp", "--session", "default-stdio")
+			cmd.Env = append(os.Environ(), "SBX_ADDR="+addr, "SBX_TOKEN="+token)
+			cmd.Dir = cwd
+			cmd.Stderr = os.Stderr
+			return &mcp.CommandTransport{Command: cmd}
+		}},
+		{"http", func() mcp.Transport { return &mcp.StreamableClientTransport{Endpoint: addr + "/mcp", HTTPClient: hc} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mc, m := newMCPClient(nil)
+			cs, err := mc.Connect(t.Context(), tc.t(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			if v := cs.InitializeResult().ProtocolVersion; v >= mcpStatelessVersion {
+				t.Errorf("session at protocol %s: no push can reach it", v)
+			}
+			if err := cs.SetLoggingLevel(t.Context(), &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+				t.Fatal(err)
+			}
+			_, res := call[mcpJobResult](t, cs, "run", map[string]any{"command": "exit 3", "cwd": cwd})
+			n := nextPush(t, m.logs, res.Job.ID)
+			if n.Status != "error" || !strings.Contains(n.Text, "detail: exit_code=3") {
+				t.Errorf("pushed: %+v", n)
+			}
+			call[any](t, cs, "ack", map[string]any{"seq": n.Seq})
+		})
+	}
+}
+
 // driveMCP walks through what an agent does with a dev server: start it in the background, wait
 // for the line that says it is up, read its output, wait past the bound of one call, kill it, and
 // get the pushed notification of its end. extra are more arguments of run. It returns the pushed
@@ -151,10 +195,20 @@ func driveMCP(t *testing.T, m *mcpClient, maxBlock time.Duration, extra ...strin
 	if took := time.Since(begin); took > maxBlock+3*time.Second || res.Done || res.Next == nil || res.Next.Arguments["id"] != id {
 		t.Errorf("long wait took %s: %+v", took, res)
 	}
+	// The agent's own kill is observed: no notification follows it. A job that fails on its own
+	// is pushed.
 	call[any](t, cs, "kill", map[string]any{"id": id})
-	n := nextPush(t, m.logs, id)
-	if n.Status != "aborted" || !strings.Contains(n.Text, "task_id: "+id) {
+	failing := map[string]any{"command": "sleep 0.3; exit 3", "title": "fails"}
+	for i := 0; i+1 < len(extra); i += 2 {
+		failing[extra[i]] = extra[i+1]
+	}
+	_, res = call[mcpJobResult](t, cs, "run", failing)
+	n := nextPush(t, m.logs, res.Job.ID)
+	if n.Status != "error" || !strings.Contains(n.Text, "task_id: "+res.Job.ID) {
 		t.Errorf("pushed: %+v", n)
+	}
+	if _, page := call[client.Notifications](t, cs, "notifications", nil); len(page.Notifications) != 1 || page.Notifications[0].JobID != res.Job.ID {
+		t.Errorf("notifications after a kill and a failure: %+v", page)
 	}
 	call[any](t, cs, "ack", map[string]any{"seq": n.Seq})
 	return n

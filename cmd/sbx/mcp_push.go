@@ -28,8 +28,8 @@ const (
 
 // startPusher pushes the notifications of c's session to ss as they are stored, until ss closes or
 // h closes (which closes ss). It starts at the session's acked cursor and never acks: see push.
-// It runs only for sessions opened by initialize (protocol versions up to 2025-11-25, which Claude
-// Code and Cursor speak): a later client has no session to push to outside a call.
+// It runs for sessions opened by initialize, the only ones the server offers (mcpSessionVersions):
+// a client asking for a later protocol falls back to initialize.
 //
 // It reads the first notification only once the client can receive one: when it declared Claude
 // Code's channel, or once it set a log level (the SDK drops log messages until then, and a

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +15,7 @@ import (
 )
 
 // jobResult returns j with its output from byte from to the end it has now, cut to the last
-// mcpInlineOutput bytes.
+// mcpInlineOutput bytes, from the first line that starts in them (as the API's start reply cuts).
 func (t *mcpTools) jobResult(ctx context.Context, j *client.Job, from int64) (*mcpJobResult, error) {
 	res := &mcpJobResult{Job: j, Done: j.Ended()}
 	end := j.OutputBytes
@@ -35,6 +36,9 @@ func (t *mcpTools) jobResult(ctx context.Context, j *client.Job, from int64) (*m
 			skip++
 		}
 		data, start = data[skip:], start+int64(skip)
+		if i := bytes.IndexByte(data[:max(0, len(data)-1)], '\n'); i >= 0 {
+			data, start = data[i+1:], start+int64(i+1)
+		}
 	}
 	res.Output, res.OutputOffset, res.OutputEnd = string(data), start, start+int64(len(data))
 	return res, nil
@@ -82,6 +86,9 @@ func (r *mcpJobResult) text(note string) string {
 			b.WriteString(")")
 		}
 		b.WriteString(":\n")
+		if r.note != "" {
+			b.WriteString(r.note + "\n")
+		}
 		b.WriteString(r.Output)
 		if !strings.HasSuffix(r.Output, "\n") {
 			b.WriteString("\n[no newline at the end]\n")

@@ -214,6 +214,9 @@ func TestMCP(t *testing.T) {
 	t.Run("http", func(t *testing.T) {
 		testMCPHTTP(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
 	})
+	t.Run("default protocol", func(t *testing.T) {
+		testMCPDefaultProtocol(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
+	})
 }
 
 // testMCPTools checks what a model learns before it calls anything: the tools, their descriptions,
@@ -260,9 +263,21 @@ func testMCPTools(t *testing.T, cs *mcp.ClientSession) {
 			t.Errorf("%s: description too thin: %q", name, tool.Description)
 		}
 	}
+	// The seeds' guidance: when not to poll, wait slices, what to do with a hung job, the output
+	// file's header, kill <pid>.
 	for name, want := range map[string]string{"run": "block_until_ms", "wait": "pattern", "notifications": "ack"} {
 		if !strings.Contains(byName[name].Description, want) {
 			t.Errorf("%s's description does not mention %s", name, want)
+		}
+	}
+	for name, wants := range map[string][]string{
+		"run":  {"do not wait for that", "head -n 10", "kill <pid>", "one-shot"},
+		"wait": {"Prefer NOT to poll", "60–270 s", "appears hung", "kill <pid>", "stale notifications"},
+	} {
+		for _, want := range wants {
+			if !strings.Contains(byName[name].Description, want) {
+				t.Errorf("%s's description lacks %q", name, want)
+			}
 		}
 	}
 	// end_session says what a session id is.
@@ -300,10 +315,14 @@ func testMCPInlineOutput(t *testing.T, cs *mcp.ClientSession) {
 	if !res.Done || res.Job.OutputBytes != 540000 {
 		t.Fatalf("run: %+v", res.Job)
 	}
-	if len(res.Output) > mcpInlineOutput || len(res.Output) < mcpInlineOutput-utf8.UTFMax {
-		t.Errorf("inline output of %d bytes, want the last %d", len(res.Output), mcpInlineOutput)
+	// The last 30 KiB, from the first line that starts in them: 3413 lines of 9 bytes.
+	if len(res.Output) != 3413*9 {
+		t.Errorf("inline output of %d bytes, want the last %d lines", len(res.Output), 3413)
 	}
-	if !utf8.ValidString(res.Output) || !strings.HasSuffix(res.Output, "é 59999\n") || res.OutputEnd != 540000 ||
+	if want := "[showing the last 3413 of 60000 lines; the full output is in " + res.Job.OutputPath + "]\né 56587\n"; !strings.Contains(text, want) {
+		t.Errorf("result text lacks %q:\n%s", want, text[:400])
+	}
+	if !utf8.ValidString(res.Output) || !strings.HasPrefix(res.Output, "é 56587\n") || !strings.HasSuffix(res.Output, "é 59999\n") || res.OutputEnd != 540000 ||
 		res.OutputOffset != res.OutputEnd-int64(len(res.Output)) {
 		t.Errorf("inline output [%d, %d) of %q...%q", res.OutputOffset, res.OutputEnd, res.Output[:20], res.Output[len(res.Output)-20:])
 	}
@@ -380,11 +399,7 @@ func testMCPContinuation(t *testing.T, m *mcpClient) {
 		t.Errorf("sleep of 3s took %s: %+v\n%s", took, res, text)
 	}
 
-	// A notifications wait is bounded the same way. (The kill may have ended the job before the
-	// wait began: then its end was notified. Ack it first.)
-	if _, page := call[client.Notifications](t, cs, "notifications", nil); page.Next > 0 {
-		call[any](t, cs, "ack", map[string]any{"seq": page.Next})
-	}
+	// A notifications wait is bounded the same way. (The session's own kill notified nothing.)
 	begin = time.Now()
 	text, _ = call[client.Notifications](t, cs, "notifications", map[string]any{"wait_ms": 30000})
 	if time.Since(begin) > 5*time.Second || !strings.Contains(text, "call notifications with {") {

@@ -36,6 +36,7 @@ type (
 		Stdin              bool              `json:"stdin,omitempty" jsonschema:"give the job an input that the send tool writes to (default: /dev/null); for commands that ask questions"`
 		TTY                bool              `json:"tty,omitempty" jsonschema:"run on a pseudo-terminal (24x80): prompts that need a terminal show, and the send tool types on it; notifications and patterns see the text without escape sequences"`
 		Linger             bool              `json:"linger,omitempty" jsonschema:"keep the job until its output closes, not only until the shell exits: for a command that starts background children whose output you want"`
+		LingerCgroup       bool              `json:"linger_cgroup,omitempty" jsonschema:"keep the job until every process it started has exited, a daemon started with nohup or setsid and its output redirected too: it stays a job you can wait on and kill"`
 		Pool               string            `json:"pool,omitempty" jsonschema:"pool of runners (default: default)"`
 		Session            string            `json:"session,omitempty" jsonschema:"session of the job (default: this connection's)"`
 		Limits             *mcpLimits        `json:"limits,omitempty" jsonschema:"resource limits; each field is optional, 0 or absent is the default"`
@@ -115,9 +116,11 @@ type mcpJobResult struct {
 	OutputOffset   int64       `json:"output_offset" jsonschema:"byte offset of the first byte of output"`
 	OutputEnd      int64       `json:"output_end" jsonschema:"byte offset after the last byte of output: the offset to read on from"`
 	Next           *mcpNext    `json:"next,omitempty" jsonschema:"the call that goes on waiting, when this one returned at its time budget"`
-
 	// Port is the address wait's port is listened on, once it is.
 	Port *client.Port `json:"port,omitempty" jsonschema:"the address wait's port is listened on, once it is"`
+
+	// note is the background shell tool's line above a cut output, when the lines are counted.
+	note string
 }
 
 // mcpNext is a continuation: the tool to call next and its arguments.
@@ -150,13 +153,17 @@ func (t *mcpTools) register(s *mcp.Server) {
 
 - Build, test, one-off command: set block_until_ms (e.g. 120000). The result has the exit code and the output's last 30 KiB. A job still running after about 50 s (the most one call waits) comes back with its id and a continuation: call wait as it says, until done.
 - Server, watcher, anything that does not end: leave block_until_ms out; you get the job id at once. Then wait with a pattern for the line that says it is ready ({"id":ID,"pattern":"listening on"}), and kill it when done.
-- notify_on_output {"pattern":"ERROR|FAIL"} sends a notification at each matching line; monitor makes every line one.
-A background job's end is notified (see the notifications tool) unless run or wait saw it. Limits are optional, e.g. {"timeout_ms":600000,"memory_bytes":2147483648}. readonly runs it sandboxed (no writes, no network).`},
+- notify_on_output {"pattern":"ERROR|FAIL"} sends a notification at each match (ONLY set it when the user asks for monitoring); monitor makes every line one.
+A background job's end is notified (see the notifications tool) unless run or wait saw it: do not wait for that; keep working or end your turn. After a background start, do one status check (status, or the output file) to confirm it did not fail to start: a one-shot check, not a polling loop.
+The job's output_path file starts with a header (pid, cwd, command, title, status, started_at, running_for_ms, refreshed every 5000 ms) and ends with a footer (exit_code, elapsed_ms, ended_at) once the command ends; on the coordinator's machine, ` + "`head -n 10 <dir>/*.txt`" + ` in its directory lists every job. Stop a job with kill, or ` + "`kill <pid>`" + ` with the header's pid. Limits are optional, e.g. {"timeout_ms":600000,"memory_bytes":2147483648}. readonly runs it sandboxed (no writes, no network).`},
 		t.run)
 	mcp.AddTool(s, &mcp.Tool{Name: "wait", Annotations: readOnly,
 		Description: `Wait until a job ends, until its output matches a pattern, or until timeout_ms. Returns the job, whether it ended or matched, and its new output from offset (the last 30 KiB of it).
 
-One call waits at most about 50 s; when the job is still running then and time is left, the result's "next" is the same call with the time left and the new offset: make it to go on waiting. Use a pattern to wait for a server to be up ({"id":ID,"pattern":"listening on|ready","timeout_ms":60000}) or for a step of a long job; the result has the matched text. A wait that sees the job end means no notification of its end follows. Without an id, wait sleeps timeout_ms (e.g. to give a deploy outside sbx time), in steps of at most 50 s as well.`},
+One call waits at most about 50 s; when the job is still running then and time is left, the result's "next" is the same call with the time left and the new offset: make it to go on waiting. Use a pattern to wait for a server to be up ({"id":ID,"pattern":"listening on|ready","timeout_ms":60000}) or for a step of a long job; the result has the matched text (the pattern matches the output, not the output file's header or footer). A wait that sees the job end means no notification of its end follows: if you think a job ended (e.g. you killed it from outside sbx), observe it with wait, because stale notifications confuse the user. Without an id, wait sleeps timeout_ms (prefer this to sleeping in the shell), in steps of at most 50 s as well.
+
+Prefer NOT to poll reflexively. Multitask on independent work while jobs run, or end your turn and rely on the notification of their end. Wait only when your very next step is blocked on this job and you have nothing else to do, or when the job needs close monitoring: a long job that can hang, degrade or need a course correction (training and eval runs, deployments, long builds, data pipelines, migrations, large transfers). For fire-and-forget commands (tests, installs, dev servers and watchers, short scripts) the notification is enough.
+When you do poll a job closely, do not stop until it ends, reaches a healthy steady state (a server or watcher), or is hung. Size timeout_ms to the expected runtime; when waiting further, avoid round 5-minute waits: prefer slices of 60–270 s (keeps the prompt cache warm) or 1200 s and more (one cache miss buys a long wait). If a job takes longer than expected and appears hung, kill it if that is safe (kill, or ` + "`kill <pid>`" + ` with the pid in its output file's header), fix the hang if you can, and proceed.`},
 		t.wait)
 	mcp.AddTool(s, &mcp.Tool{Name: "output", Annotations: readOnly,
 		Description: `Read a job's output (stdout and stderr interleaved, as bytes) from a byte offset: at most limit bytes (default 30720). Use the offsets of run and wait results to read what they left out, or to read on from output_end as the job prints more. Returns at once; to wait for more output, use wait.`},
@@ -207,7 +214,7 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	}
 	sr := client.StartRequest{
 		Command: in.Command, Cwd: cmp.Or(in.Cwd, t.cfg.Cwd), Title: in.Title, Env: in.Env, Readonly: in.Readonly,
-		Shell: in.Shell, User: in.User, Stdin: in.Stdin, TTY: in.TTY, Linger: in.Linger, Pool: in.Pool, Session: in.Session,
+		Shell: in.Shell, User: in.User, Stdin: in.Stdin, TTY: in.TTY, Linger: in.Linger, LingerCgroup: in.LingerCgroup, Pool: in.Pool, Session: in.Session,
 		Monitor: in.Monitor, Persistent: in.Persistent, NotificationFormat: in.NotificationFormat,
 	}
 	if sr.Cwd == "" {
@@ -231,6 +238,10 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	res, err := t.jobResult(ctx, &reply.Job, 0)
 	if err != nil {
 		return nil, nil, err
+	}
+	// The start reply counted the lines of the same cut: its note tells the model how much it sees.
+	if reply.OutputTruncated && res.OutputEnd == reply.OutputBytes && res.Output == reply.Output {
+		res.note = reply.TruncationNote()
 	}
 	var note string
 	switch {

@@ -27,6 +27,7 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/proto"
 	"github.com/sbx-dev/sbx/runner"
 	"github.com/sbx-dev/sbx/sandbox"
 )
@@ -93,7 +94,7 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.BoolVar(&c.insecureNoToken, "insecure-no-token", false, "listen beyond loopback without a token: only for a container whose port is published on the host's loopback alone")
 	fs.DurationVar(&c.stallAfter, "stall-after", 30*time.Second, "how long output must stay unchanged before a prompt-like last line notifies")
 	fs.DurationVar(&c.inputStallAfter, "input-stall-after", 10*time.Second, "how long a job's processes must all wait for input (as its runner sees them) before that notifies")
-	fs.DurationVar(&c.runnerDeadline, "runner-deadline", defaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
+	fs.DurationVar(&c.runnerDeadline, "runner-deadline", proto.DefaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
 	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
@@ -230,12 +231,9 @@ func (r *runnerFlags) register(fs *flag.FlagSet) {
 	fs.Var(&r.labels, "label", "a KEY=VALUE describing the runner in GET /v1/runners (repeatable); placement is by --pool")
 }
 
-// defaultRunnerDeadline is the coordinator's and the runners' --runner-deadline.
-const defaultRunnerDeadline = 15 * time.Second
-
 // registerRunnerDeadline registers the runner's --runner-deadline; serve shares the coordinator's.
 func (r *runnerFlags) registerRunnerDeadline(fs *flag.FlagSet) {
-	fs.DurationVar(&r.deadline, "runner-deadline", defaultRunnerDeadline, "how long the runner may be cut off from NATS before it kills its jobs as lost (the coordinator's --runner-deadline, after which it marks them lost)")
+	fs.DurationVar(&r.deadline, "runner-deadline", proto.DefaultRunnerDeadline, "how long the runner may be cut off from NATS before it kills its jobs as lost (the coordinator's --runner-deadline, after which it marks them lost)")
 }
 
 // maxLabels bounds a runner's labels, which every heartbeat carries.

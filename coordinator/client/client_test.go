@@ -415,3 +415,15 @@ func TestFromEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestTruncationNote: a cut output gets the background shell tool's note, a whole one none.
+func TestTruncationNote(t *testing.T) {
+	r := client.StartReply{Job: client.Job{OutputPath: "/data/terminals/j.txt"}, OutputTruncated: true, OutputLines: 682, OutputTotalLines: 1000}
+	if got, want := r.TruncationNote(), "[showing the last 682 of 1000 lines; the full output is in /data/terminals/j.txt]"; got != want {
+		t.Errorf("note %q, want %q", got, want)
+	}
+	r.OutputTruncated = false
+	if got := r.TruncationNote(); got != "" {
+		t.Errorf("note of a whole output: %q", got)
+	}
+}

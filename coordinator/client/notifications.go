@@ -22,6 +22,8 @@ type Notification struct {
 	// Format is the format Text is written in: FormatSystem or FormatTask.
 	Format string `json:"format"`
 	Text   string `json:"text"`
+	// ToolCallID is the tool call that started the job, when its start named one.
+	ToolCallID string `json:"tool_call_id,omitempty"`
 }
 
 // Formats of a notification's text.

@@ -2,6 +2,7 @@ package client
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -49,6 +50,10 @@ type Job struct {
 	NotifyOnOutput *NotifyOnOutput `json:"notify_on_output"`
 	Monitor        bool            `json:"monitor"`
 	Persistent     bool            `json:"persistent"`
+	// ToolCallID is the tool call that started the job, when its start named one.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// LingerCgroup: the job lasts until every process it started has exited.
+	LingerCgroup bool `json:"linger_cgroup"`
 	// TTY: the job runs on a terminal of TTYSize (null without one). Ports are the TCP addresses its
 	// processes listen on.
 	TTY     bool     `json:"tty"`
@@ -116,6 +121,13 @@ type StartRequest struct {
 	// NotificationFormat is the format of the job's notifications (FormatSystem or FormatTask;
 	// "": its session's).
 	NotificationFormat string `json:"notification_format,omitempty"`
+	// ToolCallID is the agent's tool call that starts the job: its notifications echo it (in
+	// <task-notification> as <tool_use_id>).
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// LingerCgroup keeps the job until every process it started has exited, a daemon that
+	// redirected its output (nohup setsid srv >/dev/null 2>&1 &) included: it stays a job to wait
+	// on and kill.
+	LingerCgroup bool `json:"linger_cgroup,omitempty"`
 	// TTY runs the job on a pseudo-terminal of TTYSize (nil: 24×80): Input types on it.
 	TTY     bool     `json:"tty,omitempty"`
 	TTYSize *TTYSize `json:"tty_size,omitempty"`
@@ -144,9 +156,24 @@ type NotifyOnOutput struct {
 // time) as a string: bytes that were not valid UTF-8 arrive as U+FFFD; Output on Client reads the
 // exact bytes.
 type StartReply struct {
-	Job          Job    `json:"job"`
-	Output       string `json:"output"`
-	Backgrounded bool   `json:"backgrounded"`
+	Job    Job    `json:"job"`
+	Output string `json:"output"`
+	// OutputTruncated says Output is only the end (the last 30 KiB at most, from a line's start) of
+	// the OutputBytes there are; OutputLines and OutputTotalLines count the lines shown and all.
+	OutputTruncated  bool  `json:"output_truncated"`
+	OutputBytes      int64 `json:"output_bytes"`
+	OutputLines      int   `json:"output_lines"`
+	OutputTotalLines int   `json:"output_total_lines"`
+	Backgrounded     bool  `json:"backgrounded"`
+}
+
+// TruncationNote is the line a text rendering writes above a cut output, the background shell
+// tool's ("" when the output is whole).
+func (r *StartReply) TruncationNote() string {
+	if !r.OutputTruncated {
+		return ""
+	}
+	return fmt.Sprintf("[showing the last %d of %d lines; the full output is in %s]", r.OutputLines, r.OutputTotalLines, r.Job.OutputPath)
 }
 
 // WaitReply is what a wait saw.

@@ -26,6 +26,7 @@ type startBody struct {
 	User         string            `json:"user"`
 	Shell        string            `json:"shell"`
 	Linger       bool              `json:"linger"`
+	LingerCgroup bool              `json:"linger_cgroup"`
 	Stdin        bool              `json:"stdin"`
 	Pool         string            `json:"pool"`
 	Session      string            `json:"session"`
@@ -36,18 +37,28 @@ type startBody struct {
 	Persistent   bool              `json:"persistent"`
 	// NotificationFormat is the format of the job's notifications (docs/notifications.md).
 	NotificationFormat string `json:"notification_format"`
+	// ToolCallID (alias ToolUseID, Claude Code's name) is the caller's tool call: the job's
+	// notifications echo it.
+	ToolCallID string `json:"tool_call_id"`
+	ToolUseID  string `json:"tool_use_id"`
 	// TTY runs the job on a pseudo-terminal of TTYSize (default 24×80).
 	TTY     bool         `json:"tty"`
 	TTYSize *ttySizeView `json:"tty_size"`
 }
 
-// startReply is the reply to POST /v1/jobs. Output is the output's bytes (its last
-// coordinator.MaxReplyOutput) as a JSON string: bytes that are not valid UTF-8 become U+FFFD, so
-// a client that needs the exact bytes reads GET /v1/jobs/{id}/output.
+// startReply is the reply to POST /v1/jobs. Output is the output's bytes (at most its last
+// coordinator.MaxReplyOutput, from a line's start) as a JSON string: bytes that are not valid UTF-8
+// become U+FFFD, so a client that needs the exact bytes reads GET /v1/jobs/{id}/output.
+// OutputTruncated says Output is only the end of the output_bytes there are; OutputLines and
+// OutputTotalLines count the lines shown and all of them, for a rendering's note.
 type startReply struct {
-	Job          *jobView `json:"job"`
-	Output       string   `json:"output"`
-	Backgrounded bool     `json:"backgrounded"`
+	Job              *jobView `json:"job"`
+	Output           string   `json:"output"`
+	OutputTruncated  bool     `json:"output_truncated"`
+	OutputBytes      int64    `json:"output_bytes"`
+	OutputLines      int      `json:"output_lines"`
+	OutputTotalLines int      `json:"output_total_lines"`
+	Backgrounded     bool     `json:"backgrounded"`
 }
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
@@ -65,6 +76,13 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	b.BlockUntilMS = min(b.BlockUntilMS, coordinator.MaxBlockUntil.Milliseconds())
 	if b.Session, err = session(r, b.Session); err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	switch {
+	case b.ToolCallID == "":
+		b.ToolCallID = b.ToolUseID
+	case b.ToolUseID != "" && b.ToolUseID != b.ToolCallID:
+		s.writeError(w, r, invalid("tool_call_id and tool_use_id name the same thing: give one."))
 		return
 	}
 	var notify *coordinator.OutputNotify
@@ -90,13 +108,13 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
 		TTY: b.TTY, TTYSize: ttySize,
 		Source: source, NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
-		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, Stdin: b.Stdin,
+		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, LingerCgroup: b.LingerCgroup, Stdin: b.Stdin,
 		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
 		Limits: coordinator.Limits{
 			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
 			Pids: b.Limits.Pids, OutputBytes: b.Limits.OutputBytes, TimeoutMS: b.Limits.TimeoutMS,
 		},
-		NotificationFormat: coordinator.Format(b.NotificationFormat),
+		NotificationFormat: coordinator.Format(b.NotificationFormat), ToolCallID: b.ToolCallID,
 	})
 	if err != nil {
 		s.writeError(w, r, err)
@@ -104,6 +122,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusCreated, startReply{
 		Job: viewJob(res.Job, time.Now()), Output: string(res.Output), Backgrounded: res.Backgrounded,
+		OutputTruncated: res.OutputTruncated, OutputBytes: res.OutputBytes, OutputLines: res.OutputLines, OutputTotalLines: res.TotalLines,
 	})
 }
 
@@ -329,6 +348,9 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
 
 type killBody struct {
 	Signal string `json:"signal"`
+	// Session is the caller's (else the Sbx-Session header's, else default): a kill from the job's
+	// own session notifies nothing.
+	Session string `json:"session"`
 }
 
 type killReply struct {
@@ -346,7 +368,13 @@ func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := s.svc.Kill(r.Context(), id, b.Signal); err != nil {
+	from, err := session(r, b.Session)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	// A kill from the job's own session is observed: no finished notification follows.
+	if err := s.svc.KillFrom(r.Context(), from, id, b.Signal); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

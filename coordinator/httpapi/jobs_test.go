@@ -107,6 +107,35 @@ func TestStartBlock(t *testing.T) {
 			t.Errorf("reply %+v", s)
 		}
 	})
+	t.Run("long output", func(t *testing.T) {
+		// 1000 lines of 45 bytes: 45000 bytes, more than the 30 KiB a reply carries.
+		var out strings.Builder
+		for i := range 1000 {
+			fmt.Fprintf(&out, "line %04d %s\n", i, strings.Repeat("x", 34))
+		}
+		h := newHarness(t, httpapi.Config{})
+		h.finishWith(out.String(), 0)
+		r := h.post("/v1/jobs", map[string]any{"command": "seq", "cwd": h.cwd, "block_until_ms": 5000})
+		var s struct {
+			Output           string `json:"output"`
+			OutputTruncated  bool   `json:"output_truncated"`
+			OutputBytes      int64  `json:"output_bytes"`
+			OutputLines      int    `json:"output_lines"`
+			OutputTotalLines int    `json:"output_total_lines"`
+		}
+		r.decode(t, &s)
+		// The last 30 KiB start inside line 317 (at byte 14280); the reply starts at the next line.
+		if !s.OutputTruncated || s.OutputBytes != 45000 || s.OutputLines != 682 || s.OutputTotalLines != 1000 ||
+			!strings.HasPrefix(s.Output, "line 0318 ") || !strings.HasSuffix(out.String(), s.Output) {
+			t.Errorf("reply: truncated %v, %d bytes, %d of %d lines, output starts %q", s.OutputTruncated, s.OutputBytes, s.OutputLines, s.OutputTotalLines, s.Output[:min(20, len(s.Output))])
+		}
+		h.finishWith("short\n", 0)
+		r = h.post("/v1/jobs", map[string]any{"command": "echo", "cwd": h.cwd, "block_until_ms": 5000})
+		r.decode(t, &s)
+		if s.OutputTruncated || s.Output != "short\n" || s.OutputBytes != 6 || s.OutputLines != 1 || s.OutputTotalLines != 1 {
+			t.Errorf("short reply: %+v", s)
+		}
+	})
 	t.Run("non-UTF-8 output", func(t *testing.T) {
 		h := newHarness(t, httpapi.Config{})
 		h.finishWith("a\xffb", 0)
@@ -217,6 +246,8 @@ func TestSessionChecked(t *testing.T) {
 		{"open session body", "POST", "/v1/sessions", map[string]any{"id": "../x"}, nil, `id "../x"`},
 		{"end session path", "DELETE", "/v1/sessions/..%2Fx", nil, nil, `session id "../x"`},
 		{"wait header", "GET", "/v1/jobs/x/wait", nil, []string{"Sbx-Session", "../x"}, `Sbx-Session header "../x"`},
+		{"kill body", "POST", "/v1/jobs/x/kill", map[string]any{"session": "../x"}, nil, `session "../x"`},
+		{"kill header", "POST", "/v1/jobs/x/kill", map[string]any{}, []string{"Sbx-Session", "../x"}, `Sbx-Session header "../x"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var r *reply

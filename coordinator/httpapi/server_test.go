@@ -274,6 +274,7 @@ type job struct {
 	OutputBytes int64           `json:"output_bytes"`
 	Limits      map[string]any  `json:"limits"`
 	Usage       json.RawMessage `json:"usage"`
+	ToolCallID  string          `json:"tool_call_id"`
 }
 
 type startReply struct {

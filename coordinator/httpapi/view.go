@@ -44,6 +44,10 @@ type jobView struct {
 	NotifyOnOutput *notifyView `json:"notify_on_output"`
 	Monitor        bool        `json:"monitor"`
 	Persistent     bool        `json:"persistent"`
+	// ToolCallID is the start's tool_call_id (or tool_use_id), when it named one.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	// LingerCgroup extends API.md's job object: the job lasts until its cgroup is empty.
+	LingerCgroup bool `json:"linger_cgroup"`
 	// TTY and TTYSize: the job runs on a terminal of that size (null without one); Ports are the
 	// TCP addresses its processes listen on ([] when none).
 	TTY     bool         `json:"tty"`
@@ -132,7 +136,7 @@ func viewJob(j *coordinator.Job, now time.Time) *jobView {
 	if n := j.Notify; n != nil {
 		v.NotifyOnOutput = &notifyView{Pattern: n.Pattern, Reason: n.Reason, DebounceMS: n.DebounceMS}
 	}
-	v.Monitor, v.Persistent = j.Monitor, j.Persistent
+	v.Monitor, v.Persistent, v.ToolCallID, v.LingerCgroup = j.Monitor, j.Persistent, j.ToolCallID, j.LingerCgroup
 	v.TTY, v.Ports = j.TTY, make([]portView, 0, len(j.Ports))
 	if j.TTY {
 		v.TTYSize = &ttySizeView{Rows: proto.DefaultTTYRows, Cols: proto.DefaultTTYCols}
@@ -161,13 +165,15 @@ type notificationView struct {
 	// Format extends API.md's object: the format text is written in.
 	Format string `json:"format"`
 	Text   string `json:"text"`
+	// ToolCallID extends API.md's object: the tool call that started the job, when its start named one.
+	ToolCallID string `json:"tool_call_id,omitempty"`
 }
 
 func viewNotification(n *coordinator.Notification) *notificationView {
 	return &notificationView{
 		Seq: n.Seq, ID: n.ID, Session: n.Session, Kind: string(n.Kind), Status: n.Status, JobID: n.JobID,
 		Title: n.Title, Detail: n.Detail, OutputPath: n.OutputPath, CreatedAt: n.CreatedAt.UTC(),
-		Format: string(formatOf(n.Format)), Text: n.Text,
+		Format: string(formatOf(n.Format)), Text: n.Text, ToolCallID: n.ToolCallID,
 	}
 }
 

@@ -423,28 +423,33 @@ func (a *Authority) Revoke(pub string, at time.Time) error {
 	return WriteSecret(filepath.Join(a.dir, RevocationsFile), append(b, '\n'))
 }
 
-// UserOf returns the public key of a credentials file's user.
-func UserOf(creds []byte) (string, error) {
+// userClaims decodes the user JWT of a credentials file.
+func userClaims(creds []byte) (*jwt.UserClaims, error) {
 	token, err := jwt.ParseDecoratedJWT(creds)
 	if err != nil {
-		return "", fmt.Errorf("credentials: %w", err)
+		return nil, fmt.Errorf("credentials: %w", err)
 	}
 	uc, err := jwt.DecodeUserClaims(token)
 	if err != nil {
-		return "", fmt.Errorf("credentials: %w", err)
+		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	return uc, nil
+}
+
+// UserOf returns the public key of a credentials file's user.
+func UserOf(creds []byte) (string, error) {
+	uc, err := userClaims(creds)
+	if err != nil {
+		return "", err
 	}
 	return uc.Subject, nil
 }
 
 // Lifetime returns when a credentials file was issued and when it expires (zero: never).
 func Lifetime(creds []byte) (issued, expires time.Time, err error) {
-	token, err := jwt.ParseDecoratedJWT(creds)
+	uc, err := userClaims(creds)
 	if err != nil {
-		return time.Time{}, time.Time{}, fmt.Errorf("credentials: %w", err)
-	}
-	uc, err := jwt.DecodeUserClaims(token)
-	if err != nil {
-		return time.Time{}, time.Time{}, fmt.Errorf("credentials: %w", err)
+		return time.Time{}, time.Time{}, err
 	}
 	issued = time.Unix(uc.IssuedAt, 0)
 	if uc.Expires != 0 {
@@ -476,13 +481,9 @@ func (a *Authority) user(kp nkeys.KeyPair, name string, perms jwt.Permissions, t
 // RunnerOf returns the runner id a credentials file was minted for ("" for the coordinator's or
 // any other user's).
 func RunnerOf(creds []byte) (string, error) {
-	token, err := jwt.ParseDecoratedJWT(creds)
+	uc, err := userClaims(creds)
 	if err != nil {
-		return "", fmt.Errorf("credentials: %w", err)
-	}
-	uc, err := jwt.DecodeUserClaims(token)
-	if err != nil {
-		return "", fmt.Errorf("credentials: %w", err)
+		return "", err
 	}
 	id, _ := strings.CutPrefix(uc.Name, runnerUserPrefix)
 	if id == uc.Name {
@@ -498,13 +499,9 @@ func PoolOf(creds []byte) (string, error) {
 	if err != nil || id == "" {
 		return "", err
 	}
-	token, err := jwt.ParseDecoratedJWT(creds)
+	uc, err := userClaims(creds)
 	if err != nil {
-		return "", fmt.Errorf("credentials: %w", err)
-	}
-	uc, err := jwt.DecodeUserClaims(token)
-	if err != nil {
-		return "", fmt.Errorf("credentials: %w", err)
+		return "", err
 	}
 	for _, subject := range uc.Pub.Allow {
 		if rid, pool, ok := proto.ParseHeartbeatSubject(subject); ok && rid == id {
