@@ -108,8 +108,8 @@ func (b *teeBody) Read(p []byte) (int, error) {
 // checkContract serves next and checks each exchange against the document, reporting every
 // mismatch to fail: every reply of a documented operation against its responses (an error against
 // the Error schema), a text/event-stream's events against the Notification schema, and a request
-// that was answered 2xx against its operation's parameters and body. The reply of a path or a
-// method that the document does not have is checked only when it is a JSON error.
+// that was answered 2xx against its operation's parameters and body. A path or a method that the
+// document does not have may only be refused, with a JSON error if any body.
 func checkContract(t *testing.T, next http.Handler, fail func(error)) http.Handler {
 	doc, router := loadContract(t)
 	opts := &openapi3filter.Options{
@@ -134,6 +134,9 @@ func checkContract(t *testing.T, next http.Handler, fail func(error)) http.Handl
 		ctype := w.Header().Get("Content-Type")
 		route, params, err := router.FindRoute(r)
 		if err != nil {
+			if c.status >= 200 && c.status < 300 {
+				errorf("a route the document lacks answered: %v", err)
+			}
 			if c.status >= 400 && strings.HasPrefix(ctype, "application/json") {
 				if err := checkSchema(doc, "Error", c.body.Bytes()); err != nil {
 					errorf("not the Error shape: %v", err)
@@ -246,6 +249,7 @@ func TestContractCatches(t *testing.T) {
 		{"a wrong type", `{"slept_ms":"5"}`, 200, "slept_ms"},
 		{"an error of another shape", `{"message":"no"}`, 400, "error"},
 		{"an undocumented status", sleep, 201, "slept_ms"},
+		{"an undocumented route", sleep, 200, "route the document lacks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var errs []error
@@ -257,7 +261,11 @@ func TestContractCatches(t *testing.T) {
 			})
 			srv := httptest.NewServer(checkContract(t, fake, func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }))
 			defer srv.Close()
-			resp, err := http.Get(srv.URL + "/v1/wait?timeout_ms=5")
+			path := "/v1/wait?timeout_ms=5"
+			if strings.Contains(tc.name, "route") {
+				path = "/v1/sleep"
+			}
+			resp, err := http.Get(srv.URL + path)
 			if err != nil {
 				t.Fatal(err)
 			}
