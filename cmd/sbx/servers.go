@@ -82,6 +82,8 @@ type coordinatorFlags struct {
 	maxConns, maxConnsPerClient int
 	mcpSessions                 mcpSessionLimits
 	outputBudget, minFreeDisk   string
+	// replicas is the replica count of the streams (natsbus.Config.Replicas).
+	replicas int
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -105,6 +107,7 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.DurationVar(&c.mcpSessions.Idle, "mcp-session-idle", mcpDefaultSessionIdle, "how long a /mcp session may go without a request before it is closed")
 	fs.StringVar(&c.outputBudget, "output-budget", "20G", "most output stored for all jobs together, ended and running (above --retain-bytes); past it new jobs are refused and a job writing more is stopped")
 	fs.StringVar(&c.minFreeDisk, "min-free-disk", "1G", "free space the data directory's disk keeps; below it new jobs are refused (0: not checked)")
+	fs.IntVar(&c.replicas, "replicas", 1, "replicas of each NATS stream sbx makes: above 1 needs a NATS cluster of at least that many JetStream servers, and keeps queued work when one is lost")
 }
 
 // api is the HTTP API's listener and its server's settings. It is opened before anything else
@@ -146,6 +149,9 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	}
 	if cf.retainAge <= 0 {
 		return nil, usageError("--retain-age must be positive")
+	}
+	if cf.replicas < 1 {
+		return nil, usageError("--replicas must be at least 1")
 	}
 	token, err := readToken(cf.tokenFile)
 	if err != nil {
@@ -313,6 +319,9 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if (*natsCert == "") != (*natsKey == "") {
 		return usageError("--nats-tls-cert and --nats-tls-key go together")
+	}
+	if cf.replicas != 1 {
+		return usageError("serve --replicas must be 1: its embedded NATS is a single server; run 'sbx coordinator --replicas N' on a NATS cluster")
 	}
 	log := newLogger(stderr)
 	host, port, err := splitHostPort(*natsListen)
@@ -670,7 +679,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 		return err
 	}
 	defer terms.Close()
-	bus, err := newBus(ctx, nc, log)
+	bus, err := newBus(ctx, nc, cf.replicas, log)
 	if err != nil || bus == nil {
 		return err
 	}
@@ -706,14 +715,16 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	return g.Wait()
 }
 
-// newBus makes the coordinator's streams, waiting while JetStream cannot answer yet (a server just
-// started, a cluster electing its leader) and saying so every dialNotice. It returns a nil Bus and no
-// error when ctx ends first.
-func newBus(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*natsbus.Bus, error) {
+// newBus makes the coordinator's streams with replicas, waiting while JetStream cannot answer yet (a
+// server just started, a cluster electing its leader, too few of its servers up for the replicas yet)
+// and saying so, with the cause, every dialNotice. A refusal (a single server asked for replicas,
+// a cluster too small, streams of another count) is returned. It returns a nil Bus and no error when
+// ctx ends first.
+func newBus(ctx context.Context, nc *nats.Conn, replicas int, log *slog.Logger) (*natsbus.Bus, error) {
 	var said time.Time
 	for {
 		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		bus, err := natsbus.New(bctx, nc, natsbus.Config{Logger: log})
+		bus, err := natsbus.New(bctx, nc, natsbus.Config{Replicas: replicas, Logger: log})
 		cancel()
 		if err == nil {
 			return bus, nil

@@ -21,7 +21,9 @@ import (
 
 // Config sizes the streams; zero fields take their defaults.
 type Config struct {
-	// Replicas of each stream on a NATS cluster (1).
+	// Replicas of each stream on a NATS cluster (1). A count above 1 needs a clustered NATS with
+	// at least that many JetStream servers (replicasError). An existing stream with another count
+	// is refused, not changed (checkReplicas).
 	Replicas int
 	// EventBytes bounds the event stream (2 GiB). When it is full runners stop reading their jobs'
 	// output until the coordinator catches up: nothing is dropped.
@@ -153,6 +155,11 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	for _, name := range []string{proto.WorkStream, proto.EventStream} {
+		if err := checkReplicas(ctx, js, name, cfg.Replicas); err != nil {
+			return nil, err
+		}
+	}
 	key, err := workKey(ctx, js)
 	if err != nil {
 		return nil, err
@@ -173,7 +180,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		Duplicates: 2 * time.Minute,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create stream %s: %w", proto.WorkStream, err)
+		return nil, replicasError(proto.WorkStream, cfg.Replicas, err)
 	}
 	events, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:       proto.EventStream,
@@ -188,12 +195,59 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		Duplicates: 2 * time.Minute,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create stream %s: %w", proto.EventStream, err)
+		return nil, replicasError(proto.EventStream, cfg.Replicas, err)
 	}
 	return &Bus{
 		cfg: cfg, nc: nc, js: js, work: work, events: events, workKey: key, ensured: map[string]time.Time{},
 		pools: newPools(cfg.MaxPoolsPerRunner, cfg.WorkConsumerIdle, time.Now()),
 	}, nil
+}
+
+// checkReplicas refuses an existing stream whose replica count is not replicas. JetStream can change
+// it in place, but a stream of 1 replica grown to 3 that way (nats-server 2.15.2) elected no new
+// leader when its first one was lost, and stayed unusable: a fleet that believes it survives the
+// loss of a server must not get that. The operator chooses instead (docs/fleet.md, "Replicas").
+func checkReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int) error {
+	s, err := js.Stream(ctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("stream %s: %w", name, err)
+	}
+	if have := s.CachedInfo().Config.Replicas; have != replicas {
+		return fmt.Errorf("stream %s has %d replicas, not %d: sbx does not change an existing stream's replicas; start with %d, or delete the streams %s and %s (their queued work and unread events are lost) and start again",
+			name, have, replicas, have, proto.WorkStream, proto.EventStream)
+	}
+	return nil
+}
+
+// JetStream's codes for a replica count the servers cannot hold (nats-server's errors.json).
+const (
+	// errCodeInsufficientResources (a 503): too few JetStream servers (or too little room) for the
+	// stream's replicas. On a cluster whose servers still come up one by one it passes, so it stays
+	// NotReady; the message says what is awaited.
+	errCodeInsufficientResources jetstream.ErrorCode = 10023
+	// errCodeReplicasNotSupported (a 500): replicas above 1 on a server that is not clustered. It
+	// never passes.
+	errCodeReplicasNotSupported jetstream.ErrorCode = 10074
+	// errCodeNoPlacement (a 400): the cluster has fewer JetStream servers than replicas.
+	errCodeNoPlacement jetstream.ErrorCode = 10005
+)
+
+// replicasError wraps err, the failure to create or update stream with replicas, with what it
+// means when it comes from the replica count; the error stays the API error it was (NotReady).
+func replicasError(stream string, replicas int, err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case replicas > 1 && errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeReplicasNotSupported:
+		return fmt.Errorf("create stream %s with %d replicas: NATS is a single server, not a cluster: run a NATS cluster of at least %d JetStream servers, or 1 replica: %w", stream, replicas, replicas, err)
+	case replicas > 1 && errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeNoPlacement:
+		return fmt.Errorf("create stream %s with %d replicas: the NATS cluster has fewer than %d JetStream servers: %w", stream, replicas, replicas, err)
+	case replicas > 1 && errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeInsufficientResources:
+		return fmt.Errorf("create stream %s with %d replicas: fewer than %d JetStream servers of the cluster are up (or they lack room): %w", stream, replicas, replicas, err)
+	}
+	return fmt.Errorf("create stream %s: %w", stream, err)
 }
 
 // workKey returns the key of the work stream's ingest subjects (proto.WorkIngest): the one its
