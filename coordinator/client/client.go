@@ -136,7 +136,12 @@ func (e *Error) Error() string { return e.Message + " (" + e.Code + ")" }
 // is sent as JSON; a []byte or json.RawMessage is sent as it is; nil sends no body. An error reply
 // is returned as an *Error.
 func (c *Client) Do(ctx context.Context, method, path string, body any) ([]byte, error) {
-	resp, err := c.send(ctx, method, path, body)
+	return c.doHeader(ctx, method, path, body, nil)
+}
+
+// doHeader is Do with extra headers.
+func (c *Client) doHeader(ctx context.Context, method, path string, body any, hdr http.Header) ([]byte, error) {
+	resp, err := c.sendHeader(ctx, method, path, body, hdr)
 	if err != nil {
 		return nil, err
 	}
