@@ -9,7 +9,9 @@ import (
 
 // Error codes. The HTTP adapter is the one place that maps them to statuses.
 const (
-	ECONFLICT            = "conflict"
+	ECONFLICT = "conflict"
+	// EIDEMPOTENCY: an Idempotency-Key already used for another request, or for one still starting.
+	EIDEMPOTENCY         = "idempotency_conflict"
 	EINTERNAL            = "internal"
 	EINVALID             = "invalid"
 	ENOTFOUND            = "not_found"

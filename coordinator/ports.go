@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"io"
 	"time"
 
@@ -97,3 +98,30 @@ type SessionStore interface {
 	// Sessions returns every session, each with LastSeq, the seq of its last notification.
 	Sessions(ctx context.Context) ([]*Session, error)
 }
+
+// IdempotencyStore keeps the keys of idempotent starts (Service.StartOnce) where every coordinator
+// of a fleet sees them, for a day. Keys are opaque to it: [0-9a-f]+.
+type IdempotencyStore interface {
+	// CreateKey stores rec under key unless the key exists (compare-and-set): then created is
+	// false and stored, rev are the record found and its revision.
+	CreateKey(ctx context.Context, key string, rec IdempotencyRecord) (stored IdempotencyRecord, rev uint64, created bool, err error)
+	// UpdateKey replaces key's record if it is still at revision rev, and returns the new
+	// revision; ErrKeyChanged when it is not.
+	UpdateKey(ctx context.Context, key string, rec IdempotencyRecord, rev uint64) (uint64, error)
+	// DeleteKey removes key's record if it is still at revision rev; ErrKeyChanged when it is not.
+	DeleteKey(ctx context.Context, key string, rev uint64) error
+}
+
+// IdempotencyRecord is what an idempotency key holds.
+type IdempotencyRecord struct {
+	// Hash is the hash of the start request (requestHash).
+	Hash string `json:"hash"`
+	// JobID is the started job; "" while the start is under way (a reservation).
+	JobID string `json:"job_id,omitempty"`
+	// ReservedAt is when the start was reserved: a reservation older than Config.AbandonAfter was
+	// abandoned by its coordinator and is taken over.
+	ReservedAt time.Time `json:"reserved_at"`
+}
+
+// ErrKeyChanged is IdempotencyStore's answer when a key is no longer at the revision given.
+var ErrKeyChanged = errors.New("idempotency key changed")

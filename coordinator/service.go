@@ -59,11 +59,27 @@ type Config struct {
 	RetainAge         time.Duration
 	RetainBytes       int64
 	RetentionInterval time.Duration
-	Now               func() time.Time
-	Logger            *slog.Logger
+
+	// Idempotency keeps the Idempotency-Keys of starts for every coordinator of the fleet (nil:
+	// StartOnce refuses, EUNAVAILABLE). IdempotencyWait is how long a start that finds its key
+	// reserved by a start still under way waits for its job (10 s); AbandonAfter is the age at
+	// which such a reservation was abandoned, its coordinator gone between reserving and queuing,
+	// and is taken over (1 min).
+	Idempotency     IdempotencyStore
+	IdempotencyWait time.Duration
+	AbandonAfter    time.Duration
+
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() {
+	if c.IdempotencyWait == 0 {
+		c.IdempotencyWait = 10 * time.Second
+	}
+	if c.AbandonAfter == 0 {
+		c.AbandonAfter = time.Minute
+	}
 	if c.DefaultOutputBytes == 0 {
 		c.DefaultOutputBytes = 1 << 30
 	}
@@ -353,10 +369,18 @@ type StartResult struct {
 	// OutputLines counts Output's lines, TotalLines the whole output's.
 	OutputLines, TotalLines int
 	Backgrounded            bool
+	// Replayed: the start repeated an earlier one's Idempotency-Key, and Job is that start's job.
+	Replayed bool
 }
 
 // Start validates the request, records the job, queues it and, when asked, waits for it to end.
 func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, error) {
+	return s.startJob(ctx, req, nil)
+}
+
+// startJob is Start; queued, when set, is called with the job's id once the job is queued, before
+// the wait of BlockUntil.
+func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id string)) (*StartResult, error) {
 	if err := req.validate(s.cfg.CheckCwd, s.cfg.MinDebounce); err != nil {
 		return nil, err
 	}
@@ -422,6 +446,9 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 	s.mu.Lock()
 	job.WorkSeq = seq // persisted with the job's next change
 	s.mu.Unlock()
+	if queued != nil {
+		queued(job.ID)
+	}
 
 	res := &StartResult{Job: s.snapshot(job.ID, job)}
 	if req.BlockUntil > 0 {

@@ -266,9 +266,12 @@ func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) e
 	return exitWith(&reply.Job)
 }
 
-// start starts a job and returns both the decoded reply and its JSON.
+// start starts a job, once however often the request is sent, and returns both the decoded reply
+// and its JSON.
 func (cc *clientCmd) start(ctx context.Context, req client.StartRequest) (*client.StartReply, []byte, error) {
-	raw, err := cc.c.Do(ctx, "POST", "/v1/jobs", req)
+	// A key of its own, so that the client may send the start again when the connection fails.
+	req.IdempotencyKey = client.NewIdempotencyKey()
+	raw, err := cc.c.StartRaw(ctx, req)
 	if err != nil {
 		return nil, nil, err
 	}

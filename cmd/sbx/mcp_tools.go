@@ -230,6 +230,7 @@ func (t *mcpTools) run(ctx context.Context, req *mcp.CallToolRequest, in mcpStar
 	sr.BlockUntil = min(asked, t.cfg.MaxBlock)
 	start := time.Now()
 	stop := t.progress(ctx, req, sr.BlockUntil, "waiting for the command to end")
+	sr.IdempotencyKey = client.NewIdempotencyKey() // the client may then send it again on a failed connection
 	reply, err := t.c.Start(ctx, sr)
 	stop()
 	if err != nil {

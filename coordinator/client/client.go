@@ -11,10 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 )
 
 // Bounds of what the client reads.
@@ -25,9 +27,13 @@ const (
 	maxErrorBytes = 64 << 10
 )
 
-// Client calls one coordinator. Its methods are safe for concurrent use.
+// Client calls a coordinator: one address, or several of one fleet, tried in turn. Its methods
+// are safe for concurrent use.
 type Client struct {
-	addr  string
+	addrs []string
+	// cur is the index in addrs of the address that last answered: the next request tries it
+	// first, so a dead coordinator costs one refused connection, not one per request.
+	cur   atomic.Int32
 	token string
 	// HTTPClient sends the requests. The default has no timeout because waits and output streams
 	// last as long as asked: bound each call with its context.
@@ -43,23 +49,40 @@ const DefaultAddr = "http://127.0.0.1:7070"
 // when not empty, is sent as "Authorization: Bearer token". The client follows no redirect: the
 // API never sends one, and following one could take a request to another route or host.
 func New(addr, token string) *Client {
-	return &Client{addr: strings.TrimRight(addr, "/"), token: token, HTTPClient: &http.Client{
+	return NewFleet([]string{addr}, token)
+}
+
+// NewFleet is New for the coordinators of one fleet: a request whose connection cannot be made to
+// one address goes to the next (see sendHeader). addr is not split on commas, so that an address
+// taken from a request (a Host header) stays one address.
+func NewFleet(addrs []string, token string) *Client {
+	c := &Client{token: token, HTTPClient: &http.Client{
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
+	for _, a := range addrs {
+		c.addrs = append(c.addrs, strings.TrimRight(a, "/"))
+	}
+	return c
 }
 
 // FromEnv returns a client configured the way every sbx client command is: SBX_ADDR (default
-// DefaultAddr), SBX_TOKEN, and SBX_CA_FILE, a PEM file of the certificates to trust for an https
-// address besides the system's (for a self-signed coordinator).
+// DefaultAddr; a comma-separated list for a fleet), SBX_TOKEN, and SBX_CA_FILE, a PEM file of
+// the certificates to trust for an https address besides the system's (for a self-signed
+// coordinator).
 func FromEnv(getenv func(string) string) (*Client, error) {
 	addr := getenv("SBX_ADDR")
 	if addr == "" {
 		addr = DefaultAddr
 	}
-	if u, err := url.Parse(addr); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("SBX_ADDR %q is not an http:// or https:// address", addr)
+	var addrs []string
+	for _, a := range strings.Split(addr, ",") {
+		a = strings.TrimSpace(a)
+		if u, err := url.Parse(a); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("SBX_ADDR %q is not an http:// or https:// address", a)
+		}
+		addrs = append(addrs, a)
 	}
-	c := New(addr, getenv("SBX_TOKEN"))
+	c := NewFleet(addrs, getenv("SBX_TOKEN"))
 	if path := getenv("SBX_CA_FILE"); path != "" {
 		pool, err := certPool(path)
 		if err != nil {
@@ -113,7 +136,12 @@ func (e *Error) Error() string { return e.Message + " (" + e.Code + ")" }
 // is sent as JSON; a []byte or json.RawMessage is sent as it is; nil sends no body. An error reply
 // is returned as an *Error.
 func (c *Client) Do(ctx context.Context, method, path string, body any) ([]byte, error) {
-	resp, err := c.send(ctx, method, path, body)
+	return c.doHeader(ctx, method, path, body, nil)
+}
+
+// doHeader is Do with extra headers.
+func (c *Client) doHeader(ctx context.Context, method, path string, body any, hdr http.Header) ([]byte, error) {
+	resp, err := c.sendHeader(ctx, method, path, body, hdr)
 	if err != nil {
 		return nil, err
 	}
@@ -143,26 +171,63 @@ func (c *Client) call(ctx context.Context, method, path string, body, out any) e
 // send sends a request and returns a 2xx response, whose body the caller closes; any other status
 // becomes an *Error.
 func (c *Client) send(ctx context.Context, method, path string, body any) (*http.Response, error) {
-	var r io.Reader
+	return c.sendHeader(ctx, method, path, body, nil)
+}
+
+// sendHeader is send with extra headers. A request whose connection cannot be made (refused,
+// no route, DNS) goes to the next address of the list, from the one that last answered: nothing
+// of it reached a server, so trying it elsewhere cannot run it twice. An error after the
+// connection was made, and an error reply, are returned as they are: the server may have acted.
+func (c *Client) sendHeader(ctx context.Context, method, path string, body any, hdr http.Header) (*http.Response, error) {
+	var data []byte
 	switch b := body.(type) {
 	case nil:
 	case []byte:
-		r = bytes.NewReader(b)
+		data = b
 	case json.RawMessage:
-		r = bytes.NewReader(b)
+		data = b
 	default:
-		data, err := json.Marshal(b)
-		if err != nil {
+		var err error
+		if data, err = json.Marshal(b); err != nil {
 			return nil, fmt.Errorf("%s %s: encode body: %w", method, path, err)
 		}
+	}
+	first := int(c.cur.Load())
+	var err error
+	for i := range c.addrs {
+		n := (first + i) % len(c.addrs)
+		var resp *http.Response
+		resp, err = c.sendTo(ctx, c.addrs[n], method, path, body != nil, data, hdr)
+		if err != nil && dialFailed(err) && ctx.Err() == nil {
+			continue
+		}
+		c.cur.Store(int32(n))
+		return resp, err
+	}
+	return nil, err
+}
+
+// dialFailed tells whether err is a failure to make the connection, before any byte was sent.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// sendTo sends one request to addr.
+func (c *Client) sendTo(ctx context.Context, addr, method, path string, hasBody bool, data []byte, hdr http.Header) (*http.Response, error) {
+	var r io.Reader
+	if hasBody {
 		r = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.addr+path, r)
+	req, err := http.NewRequestWithContext(ctx, method, addr+path, r)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if r != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)

@@ -427,3 +427,66 @@ func TestTruncationNote(t *testing.T) {
 		t.Errorf("note of a whole output: %q", got)
 	}
 }
+
+// deadAddr is the address of a port on 127.0.0.1 that nothing listens on any more.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "http://" + ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// TestFailover: with SBX_ADDR listing a dead coordinator first, requests reach the live one; an
+// error reply of the first reachable one is returned, not taken as a reason to try another.
+func TestFailover(t *testing.T) {
+	h := newHarness(t, "")
+	h.svc.HandleHeartbeat(&proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now(), Time: time.Now()})
+	c, err := client.FromEnv(func(k string) string {
+		if k == "SBX_ADDR" {
+			return deadAddr(t) + ", " + h.addr
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if runners, err := c.Runners(t.Context()); err != nil || len(runners) != 1 {
+			t.Fatalf("runners %+v, %v", runners, err)
+		}
+	}
+	if _, err := c.Job(t.Context(), "nosuchjob"); !isCode(err, "not_found") {
+		t.Errorf("job: %v, want not_found", err)
+	}
+
+	// A coordinator that answers with an error is not skipped for the next one.
+	other := newHarness(t, "the-other-token-of-the-fleet")
+	c, err = client.FromEnv(func(k string) string {
+		if k == "SBX_ADDR" {
+			return other.addr + "," + h.addr
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Runners(t.Context()); !isCode(err, "unauthorized") {
+		t.Errorf("runners of a coordinator that refuses: %v, want its unauthorized", err)
+	}
+
+	// All dead: the connection error.
+	c = client.NewFleet([]string{deadAddr(t), deadAddr(t)}, "")
+	var op *net.OpError
+	if _, err := c.Runners(t.Context()); !errors.As(err, &op) {
+		t.Errorf("runners of dead coordinators: %v, want a connection error", err)
+	}
+}
+
+func isCode(err error, code string) bool {
+	var e *client.Error
+	return errors.As(err, &e) && e.Code == code
+}

@@ -2,9 +2,12 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"strconv"
 	"time"
@@ -12,12 +15,46 @@ import (
 
 // Start starts a job (POST /v1/jobs).
 func (c *Client) Start(ctx context.Context, req StartRequest) (*StartReply, error) {
-	var r StartReply
-	if err := c.call(ctx, "POST", "/v1/jobs", req, &r); err != nil {
+	raw, err := c.StartRaw(ctx, req)
+	if err != nil {
 		return nil, err
+	}
+	var r StartReply
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("POST /v1/jobs: decode reply: %w", err)
 	}
 	return &r, nil
 }
+
+// startAttempts is how many times a start with an idempotency key is sent when its connection
+// fails: a reset after the server took the request, a coordinator restarting.
+const startAttempts = 3
+
+// StartRaw is Start returning the API's JSON, for callers that print it (--json). A request with
+// an IdempotencyKey whose connection fails (reset, closed before the reply) is sent again, up to
+// startAttempts times in all: the server answers a repeat with the job the first one started.
+// Without a key it is sent once, since a repeat could start the command twice.
+func (c *Client) StartRaw(ctx context.Context, req StartRequest) ([]byte, error) {
+	var hdr http.Header
+	attempts := 1
+	if req.IdempotencyKey != "" {
+		hdr = http.Header{"Idempotency-Key": {req.IdempotencyKey}}
+		attempts = startAttempts
+	}
+	var err error
+	for range attempts {
+		var raw []byte
+		raw, err = c.doHeader(ctx, "POST", "/v1/jobs", req, hdr)
+		var apiErr *Error
+		if err == nil || errors.As(err, &apiErr) || ctx.Err() != nil {
+			return raw, err
+		}
+	}
+	return nil, err
+}
+
+// NewIdempotencyKey returns a random key for StartRequest.IdempotencyKey.
+func NewIdempotencyKey() string { return rand.Text() }
 
 // Job returns a job (GET /v1/jobs/{id}).
 func (c *Client) Job(ctx context.Context, id string) (*Job, error) {

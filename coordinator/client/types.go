@@ -100,6 +100,11 @@ type Source struct {
 
 // StartRequest asks for a job. Command (or Source) and Cwd are required; the rest defaults.
 type StartRequest struct {
+	// IdempotencyKey, when set, is sent as the Idempotency-Key header: a repeat of the start with
+	// it gets the first one's job rather than a new one. With it, Start retries a request whose
+	// connection failed, since the retry cannot start the command twice (NewIdempotencyKey).
+	IdempotencyKey string `json:"-"`
+
 	Command  string            `json:"command,omitempty"`
 	Source   *Source           `json:"source,omitempty"`
 	Cwd      string            `json:"cwd"`

@@ -31,6 +31,7 @@ var statuses = map[string]int{
 	codeUnsupportedMediaType:         http.StatusUnsupportedMediaType,
 	codeRequestTimeout:               http.StatusRequestTimeout,
 	coordinator.ECONFLICT:            http.StatusConflict,
+	coordinator.EIDEMPOTENCY:         http.StatusConflict,
 	coordinator.ETOOLARGE:            http.StatusRequestEntityTooLarge,
 	coordinator.EINTERNAL:            http.StatusInternalServerError,
 	coordinator.EUNAVAILABLE:         http.StatusServiceUnavailable,

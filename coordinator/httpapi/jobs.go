@@ -105,7 +105,13 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	if b.TTYSize != nil {
 		ttySize = &coordinator.TTYSize{Rows: b.TTYSize.Rows, Cols: b.TTYSize.Cols}
 	}
-	res, err := s.svc.Start(r.Context(), coordinator.StartRequest{
+	// A header given empty is a bad key, not none: the caller meant to send one.
+	key, keyed := r.Header["Idempotency-Key"]
+	if keyed && (len(key) != 1 || !coordinator.ValidIdempotencyKey(key[0])) {
+		s.writeError(w, r, invalid("Idempotency-Key must be one header of 1 to %d printable ASCII characters.", coordinator.MaxIdempotencyKey))
+		return
+	}
+	req := coordinator.StartRequest{
 		TTY: b.TTY, TTYSize: ttySize,
 		Source: source, NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
 		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, LingerCgroup: b.LingerCgroup, Stdin: b.Stdin,
@@ -115,12 +121,23 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 			Pids: b.Limits.Pids, OutputBytes: b.Limits.OutputBytes, TimeoutMS: b.Limits.TimeoutMS,
 		},
 		NotificationFormat: coordinator.Format(b.NotificationFormat), ToolCallID: b.ToolCallID,
-	})
+	}
+	var res *coordinator.StartResult
+	if keyed {
+		res, err = s.svc.StartOnce(r.Context(), key[0], req)
+	} else {
+		res, err = s.svc.Start(r.Context(), req)
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, startReply{
+	// 201 for the start that created the job, 200 for a repeat of it: the same job, nothing made.
+	status := http.StatusCreated
+	if res.Replayed {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, startReply{
 		Job: viewJob(res.Job, time.Now()), Output: string(res.Output), Backgrounded: res.Backgrounded,
 		OutputTruncated: res.OutputTruncated, OutputBytes: res.OutputBytes, OutputLines: res.OutputLines, OutputTotalLines: res.TotalLines,
 	})

@@ -52,7 +52,10 @@ type Config struct {
 	// EventMaxAge bounds how long an event stays in the event stream unconsumed (7 days): whatever
 	// the coordinator cannot apply by then is dropped rather than kept for ever.
 	EventMaxAge time.Duration
-	Logger      *slog.Logger
+	// IdempotencyBytes bounds the bucket of idempotency keys (256 MiB: a million keys); when it
+	// is full, starts with a new key are refused until keys expire.
+	IdempotencyBytes int64
+	Logger           *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -86,6 +89,9 @@ func (c *Config) setDefaults() {
 	if c.EventMaxAge == 0 {
 		c.EventMaxAge = 7 * 24 * time.Hour
 	}
+	if c.IdempotencyBytes == 0 {
+		c.IdempotencyBytes = 256 << 20
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -98,6 +104,8 @@ type Bus struct {
 	js     jetstream.JetStream
 	work   jetstream.Stream
 	events jetstream.Stream
+	// keys is the bucket of idempotency keys (IdempotencyStore).
+	keys jetstream.KeyValue
 	// workKey is the key of the work stream's ingest subjects (proto.WorkIngest).
 	workKey string
 
@@ -197,8 +205,19 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	if err != nil {
 		return nil, replicasError(proto.EventStream, cfg.Replicas, err)
 	}
+	keys, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:   IdempotencyBucket,
+		History:  1,
+		TTL:      IdempotencyTTL,
+		Storage:  jetstream.FileStorage,
+		Replicas: cfg.Replicas,
+		MaxBytes: cfg.IdempotencyBytes,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create bucket %s: %w", IdempotencyBucket, err)
+	}
 	return &Bus{
-		cfg: cfg, nc: nc, js: js, work: work, events: events, workKey: key, ensured: map[string]time.Time{},
+		cfg: cfg, nc: nc, js: js, work: work, events: events, keys: keys, workKey: key, ensured: map[string]time.Time{},
 		pools: newPools(cfg.MaxPoolsPerRunner, cfg.WorkConsumerIdle, time.Now()),
 	}, nil
 }

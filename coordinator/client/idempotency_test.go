@@ -1,0 +1,111 @@
+package client_test
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/coordinator/natsbus"
+	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/proto"
+)
+
+// TestStartRetry: the coordinator makes the job and the connection is reset before the reply:
+// the client sends the start again with its key and gets that job; one job exists. Without a key
+// the reset is the caller's error.
+func TestStartRetry(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats did not start")
+	}
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	bus, err := natsbus.New(t.Context(), nc, natsbus.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	db, err := store.Open(dir + "/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	terms, err := store.OpenTerminals(dir + "/terminals")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { terms.Close() })
+	disp := &fakeDispatcher{}
+	svc, err := coordinator.New(t.Context(), coordinator.Config{Idempotency: bus}, db, terms, disp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disp.svc = svc
+	svc.HandleHeartbeat(&proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now(), Time: time.Now()})
+
+	api := httpapi.NewServer(svc, httpapi.Config{}).Handler()
+	var resets atomic.Int32 // starts still to answer with a reset
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "POST" && r.URL.Path == "/v1/jobs" && resets.Add(-1) >= 0 {
+			api.ServeHTTP(httptest.NewRecorder(), r) // the job is made; its reply is lost
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if tc, ok := conn.(*net.TCPConn); ok {
+				tc.SetLinger(0) // a reset, not an orderly close
+			}
+			conn.Close()
+			return
+		}
+		api.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	c := client.New(srv.URL, "")
+	jobs := func() int {
+		t.Helper()
+		js, err := svc.Jobs(t.Context(), coordinator.JobFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(js)
+	}
+
+	resets.Store(1)
+	req := client.StartRequest{Command: "echo once", Cwd: "/", IdempotencyKey: client.NewIdempotencyKey()}
+	r, err := c.Start(t.Context(), req)
+	if err != nil {
+		t.Fatalf("start with a key through a reset: %v", err)
+	}
+	js, err := svc.Jobs(t.Context(), coordinator.JobFilter{})
+	if err != nil || len(js) != 1 || js[0].ID != r.Job.ID {
+		t.Fatalf("jobs %v (%v), want the one job %s", js, err, r.Job.ID)
+	}
+
+	resets.Store(1)
+	req.IdempotencyKey = ""
+	if _, err := c.Start(t.Context(), req); err == nil {
+		t.Error("start without a key through a reset: no error")
+	}
+	if n := jobs(); n != 2 {
+		t.Errorf("%d jobs, want 2", n)
+	}
+}
