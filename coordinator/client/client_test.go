@@ -59,8 +59,8 @@ type harness struct {
 	cwd  string
 }
 
-// newHarness serves a real Service on the real store with the API on a real listener.
-func newHarness(t *testing.T, token string) *harness {
+// newService makes a real Service with cfg on the real store, dispatching to a fakeDispatcher.
+func newService(t *testing.T, cfg coordinator.Config) (*coordinator.Service, *fakeDispatcher) {
 	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(dir + "/db")
@@ -74,11 +74,18 @@ func newHarness(t *testing.T, token string) *harness {
 	}
 	t.Cleanup(func() { terms.Close() })
 	disp := &fakeDispatcher{}
-	svc, err := coordinator.New(t.Context(), coordinator.Config{}, db, terms, disp)
+	svc, err := coordinator.New(t.Context(), cfg, db, terms, disp)
 	if err != nil {
 		t.Fatal(err)
 	}
 	disp.svc = svc
+	return svc, disp
+}
+
+// newHarness serves a real Service on the real store with the API on a real listener.
+func newHarness(t *testing.T, token string) *harness {
+	t.Helper()
+	svc, disp := newService(t, coordinator.Config{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
-	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -26,23 +25,7 @@ func TestStartRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	db, err := store.Open(dir + "/db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	terms, err := store.OpenTerminals(dir + "/terminals")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { terms.Close() })
-	disp := &fakeDispatcher{}
-	svc, err := coordinator.New(t.Context(), coordinator.Config{Idempotency: bus}, db, terms, disp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disp.svc = svc
+	svc, _ := newService(t, coordinator.Config{Idempotency: bus})
 	svc.HandleHeartbeat(&proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now(), Time: time.Now()})
 
 	api := httpapi.NewServer(svc, httpapi.Config{}).Handler()

@@ -12,6 +12,13 @@ import (
 // directory, and returns a connection to it. Both end when t ends.
 func StartNATS(t testing.TB) *nats.Conn {
 	t.Helper()
+	_, nc := StartServer(t)
+	return nc
+}
+
+// StartServer is StartNATS for a test that also acts on the server itself.
+func StartServer(t testing.TB) (*server.Server, *nats.Conn) {
+	t.Helper()
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
@@ -26,5 +33,5 @@ func StartNATS(t testing.TB) *nats.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	return nc
+	return ns, nc
 }

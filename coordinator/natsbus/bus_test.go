@@ -561,20 +561,7 @@ func TestReadyChecksJetStream(t *testing.T) {
 		}, "last job submission failed"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ns.Start()
-			t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-			if !ns.ReadyForConnections(10 * time.Second) {
-				t.Fatal("nats did not start")
-			}
-			nc, err := nats.Connect(ns.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
+			ns, nc := coordinatortest.StartServer(t)
 			bus, err := New(t.Context(), nc, Config{})
 			if err != nil {
 				t.Fatal(err)
