@@ -78,39 +78,13 @@ var endedStatuses = []coordinator.Status{coordinator.StatusSucceeded, coordinato
 
 // handleMetrics writes the counters in the Prometheus text format 0.0.4.
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	st := s.svc.Stats()
 	var b bytes.Buffer
 	metric := func(name, typ, help string) {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 	}
-	metric("sbx_jobs_started_total", "counter", "Jobs started since the coordinator started.")
-	fmt.Fprintf(&b, "sbx_jobs_started_total %d\n", st.JobsStarted)
-	metric("sbx_jobs_ended_total", "counter", "Jobs ended since the coordinator started, by final status.")
-	for _, status := range endedStatuses {
-		fmt.Fprintf(&b, "sbx_jobs_ended_total{status=%q} %d\n", status, st.JobsEnded[status])
+	if s.svc != nil { // a standby's forwarder has no service to report on
+		writeServiceMetrics(&b, s.svc.Stats(), metric)
 	}
-	metric("sbx_jobs_live", "gauge", "Jobs queued or running.")
-	fmt.Fprintf(&b, "sbx_jobs_live %d\n", st.JobsLive)
-	metric("sbx_runners", "gauge", "Runners sending heartbeats.")
-	fmt.Fprintf(&b, "sbx_runners %d\n", st.Runners)
-	metric("sbx_events_total", "counter", "Runner events applied.")
-	fmt.Fprintf(&b, "sbx_events_total %d\n", st.Events)
-	metric("sbx_forged_events_total", "counter", "Runner messages dropped as forged (wrong runner or claim), by kind.")
-	for _, kind := range coordinator.ForgedKinds {
-		fmt.Fprintf(&b, "sbx_forged_events_total{kind=%q} %d\n", kind, st.Forged[kind])
-	}
-	metric("sbx_jobs_removed_total", "counter", "Ended jobs removed by retention since the coordinator started.")
-	fmt.Fprintf(&b, "sbx_jobs_removed_total %d\n", st.JobsRemoved)
-	metric("sbx_notifications_removed_total", "counter", "Notifications removed by retention since the coordinator started.")
-	fmt.Fprintf(&b, "sbx_notifications_removed_total %d\n", st.NotificationsRemoved)
-	metric("sbx_output_stored_bytes", "gauge", "Output of the ended jobs kept (bounded by --retain-bytes).")
-	fmt.Fprintf(&b, "sbx_output_stored_bytes %d\n", st.OutputStored)
-	metric("sbx_output_bytes_total", "counter", "Output bytes written to terminal files.")
-	fmt.Fprintf(&b, "sbx_output_bytes_total %d\n", st.OutputBytes)
-	metric("sbx_output_live_bytes", "gauge", "Output of the jobs not ended; with sbx_output_stored_bytes, held to --output-budget.")
-	fmt.Fprintf(&b, "sbx_output_live_bytes %d\n", st.OutputLive)
-	metric("sbx_wait_scanned_bytes_total", "counter", "Output bytes read to match waits' patterns.")
-	fmt.Fprintf(&b, "sbx_wait_scanned_bytes_total %d\n", st.ScannedBytes)
 
 	codes := s.codes.snapshot()
 	keys := make([]int, 0, len(codes))
@@ -136,4 +110,36 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	_, _ = w.Write(b.Bytes())
+}
+
+// writeServiceMetrics writes the service's counters.
+func writeServiceMetrics(b *bytes.Buffer, st coordinator.Stats, metric func(name, typ, help string)) {
+	metric("sbx_jobs_started_total", "counter", "Jobs started since the coordinator started.")
+	fmt.Fprintf(b, "sbx_jobs_started_total %d\n", st.JobsStarted)
+	metric("sbx_jobs_ended_total", "counter", "Jobs ended since the coordinator started, by final status.")
+	for _, status := range endedStatuses {
+		fmt.Fprintf(b, "sbx_jobs_ended_total{status=%q} %d\n", status, st.JobsEnded[status])
+	}
+	metric("sbx_jobs_live", "gauge", "Jobs queued or running.")
+	fmt.Fprintf(b, "sbx_jobs_live %d\n", st.JobsLive)
+	metric("sbx_runners", "gauge", "Runners sending heartbeats.")
+	fmt.Fprintf(b, "sbx_runners %d\n", st.Runners)
+	metric("sbx_events_total", "counter", "Runner events applied.")
+	fmt.Fprintf(b, "sbx_events_total %d\n", st.Events)
+	metric("sbx_forged_events_total", "counter", "Runner messages dropped as forged (wrong runner or claim), by kind.")
+	for _, kind := range coordinator.ForgedKinds {
+		fmt.Fprintf(b, "sbx_forged_events_total{kind=%q} %d\n", kind, st.Forged[kind])
+	}
+	metric("sbx_jobs_removed_total", "counter", "Ended jobs removed by retention since the coordinator started.")
+	fmt.Fprintf(b, "sbx_jobs_removed_total %d\n", st.JobsRemoved)
+	metric("sbx_notifications_removed_total", "counter", "Notifications removed by retention since the coordinator started.")
+	fmt.Fprintf(b, "sbx_notifications_removed_total %d\n", st.NotificationsRemoved)
+	metric("sbx_output_stored_bytes", "gauge", "Output of the ended jobs kept (bounded by --retain-bytes).")
+	fmt.Fprintf(b, "sbx_output_stored_bytes %d\n", st.OutputStored)
+	metric("sbx_output_bytes_total", "counter", "Output bytes written to terminal files.")
+	fmt.Fprintf(b, "sbx_output_bytes_total %d\n", st.OutputBytes)
+	metric("sbx_output_live_bytes", "gauge", "Output of the jobs not ended; with sbx_output_stored_bytes, held to --output-budget.")
+	fmt.Fprintf(b, "sbx_output_live_bytes %d\n", st.OutputLive)
+	metric("sbx_wait_scanned_bytes_total", "counter", "Output bytes read to match waits' patterns.")
+	fmt.Fprintf(b, "sbx_wait_scanned_bytes_total %d\n", st.ScannedBytes)
 }

@@ -70,9 +70,10 @@ type Config struct {
 	Version string
 }
 
-// Server serves the API of one coordinator.Service.
+// Server serves the API of one coordinator.Service, or a standby's forwarder (NewForwarder).
 type Server struct {
-	svc     *coordinator.Service
+	svc     *coordinator.Service // nil in a forwarder
+	leader  func() (id, url string)
 	cfg     Config
 	log     *slog.Logger
 	handler http.Handler
@@ -85,13 +86,22 @@ type Server struct {
 	wg     sync.WaitGroup // the Serve goroutine
 	served chan struct{}  // closed when the Serve goroutine ends
 	mu     sync.Mutex
-	srv    *http.Server   // set by Open
-	conns  *limitListener // set by Open
-	err    error          // of Serve, other than ErrServerClosed
+	srv     *http.Server   // set by Open
+	conns   *limitListener // set by Open
+	stopped bool           // by StopAccepting
+	err     error          // of Serve, other than ErrServerClosed
 }
 
 // NewServer returns a Server of svc. It does not listen: see Open, or use Handler.
 func NewServer(svc *coordinator.Service, cfg Config) *Server {
+	s := newServer(svc, cfg)
+	// boundBody comes first: every answer, refusals included, may wait for the body to drain.
+	s.handler = s.countCodes(s.boundBody(s.guardBrowsers(s.authenticate(s.readBody(s.routes())))))
+	return s
+}
+
+// newServer fills in cfg's defaults; the caller sets the handler.
+func newServer(svc *coordinator.Service, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -106,8 +116,6 @@ func NewServer(svc *coordinator.Service, cfg Config) *Server {
 	}
 	s := &Server{svc: svc, cfg: cfg, log: cfg.Logger, served: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	// boundBody comes first: every answer, refusals included, may wait for the body to drain.
-	s.handler = s.countCodes(s.boundBody(s.guardBrowsers(s.authenticate(s.readBody(s.routes())))))
 	return s
 }
 
@@ -143,12 +151,28 @@ func (s *Server) Open(ln net.Listener) {
 		} else {
 			err = srv.Serve(ln)
 		}
-		if !errors.Is(err, http.ErrServerClosed) {
-			s.mu.Lock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !errors.Is(err, http.ErrServerClosed) && !(s.stopped && errors.Is(err, net.ErrClosed)) {
 			s.err = err
-			s.mu.Unlock()
 		}
 	}()
+}
+
+// StopAccepting closes the listener Open was given and ends keep-alives, so that the connections
+// the server holds close after the call in progress; it serves those calls until Close. A
+// standby's forwarder stops so when its process takes the lead, and the API takes the socket
+// over (Handoff).
+func (s *Server) StopAccepting() error {
+	s.mu.Lock()
+	srv, conns := s.srv, s.conns
+	s.stopped = true
+	s.mu.Unlock()
+	if srv == nil {
+		return errors.New("http api: not open")
+	}
+	srv.SetKeepAlivesEnabled(false)
+	return conns.Close()
 }
 
 // Close ends the waits and streams in progress, then shuts the server down gracefully: it returns
