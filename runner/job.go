@@ -176,8 +176,8 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 }
 
 // stages are the job's stages for an event made now: each as µs since the job's work was taken,
-// by the one clock of this host, and SentUS now. A stamp before taken (there is none but a warm
-// init step's, which st does not hold) counts as taken.
+// by the one clock of this host, and SentUS now. Every stamp of st comes after taken; max keeps a
+// stage from going negative, which the event's decoding refuses, whatever the clock did.
 func (j *job) stages(st sandbox.Stages) *proto.Stages {
 	since := func(at time.Duration) int64 {
 		if at == 0 {
