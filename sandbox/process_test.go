@@ -402,6 +402,10 @@ func TestOutputReadDeadline(t *testing.T) {
 func TestStages(t *testing.T) {
 	eachVersion(t, func(t *testing.T, cfg Config) {
 		m, _ := newTestManager(t, cfg)
+		if m.warm != nil {
+			// The job without an input then takes a warm step, which joined its cgroup before Start.
+			waitWarm(t, m)
+		}
 		for _, stdin := range []bool{false, true} {
 			t.Run(fmt.Sprintf("stdin=%v", stdin), func(t *testing.T) {
 				spec := sh(fmt.Sprintf("stages-%v", stdin), "true")
