@@ -879,10 +879,8 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 	}
 	j := l.job
 	at := e.Time
-	if e.Kind != proto.EventActivity {
-		l.clock.event(e.Stages, received)
-		l.retimeLocked()
-	}
+	l.clock.event(e.Stages, received)
+	l.retimeLocked()
 	switch e.Kind {
 	case proto.EventAccepted:
 		if j.Status != StatusQueued {
