@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -68,12 +67,14 @@ type leaseSeen struct {
 // Lease is one coordinator's part in the leader lease: Run campaigns for it and holds it, Holder
 // and WaitHolder tell the other coordinators whom to forward to.
 type Lease struct {
-	cfg     LeaseConfig
-	kv      jetstream.KeyValue
-	leading atomic.Bool
+	cfg LeaseConfig
+	kv  jetstream.KeyValue
 
 	mu   sync.Mutex
 	seen leaseSeen
+	// leading holds while Run's lead runs on a lease held, until, the step-down instant.
+	leading bool
+	until   time.Time
 	// changed is closed, and replaced, whenever seen changes.
 	changed chan struct{}
 }
@@ -183,8 +184,21 @@ func (l *Lease) WaitHolder(ctx context.Context) (id, url string, err error) {
 	}
 }
 
-// Leading reports whether this process holds the lease and its lead runs.
-func (l *Lease) Leading() bool { return l.leading.Load() }
+// Leading reports whether this process holds the lease and its lead runs. It checks the clock too:
+// a process frozen past its step-down (SIGSTOP, a VM pause) stops leading the moment it resumes,
+// before its step-down timer has run.
+func (l *Lease) Leading() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leading && time.Now().Before(l.until)
+}
+
+// setLeading records whether lead runs, and its step-down instant.
+func (l *Lease) setLeading(leading bool, until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.leading, l.until = leading, until
+}
 
 // term is a lease held: its record, the revision of its last write, and when that write was sent.
 type term struct {
@@ -212,13 +226,20 @@ func (l *Lease) campaign(ctx context.Context) (*term, error) {
 	defer poll.Stop()
 	expire := time.NewTimer(l.cfg.TTL)
 	defer expire.Stop()
+	failing := false
 	for {
 		t, err := l.try(ctx)
 		if t != nil {
 			return t, nil
 		}
-		if err != nil && ctx.Err() == nil {
-			l.cfg.Logger.Warn("leader lease: campaign", "err", err)
+		// Logged when it starts failing and when it works again, not at every poll.
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			l.cfg.Logger.Warn("leader lease: campaign failing", "err", err)
+			failing = true
+		case err == nil && failing:
+			l.cfg.Logger.Info("leader lease: campaign works again")
+			failing = false
 		}
 		l.mu.Lock()
 		s, changed := l.seen, l.changed
@@ -307,11 +328,11 @@ func (l *Lease) write(ctx context.Context, rev uint64) (*term, error) {
 func (l *Lease) hold(ctx context.Context, t *term, lead func(ctx context.Context) error) error {
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	l.leading.Store(true)
-	defer l.leading.Store(false)
+	l.setLeading(true, t.renewed.Add(l.cfg.TTL/2))
+	defer l.setLeading(false, time.Time{})
 	l.cfg.Logger.Info("leader lease: leading", "id", t.rec.ID, "revision", t.rev)
 	stepDown := func(cause error) {
-		l.leading.Store(false)
+		l.setLeading(false, time.Time{})
 		cancel(cause)
 	}
 	// The step-down is a timer of its own so that it is on time even while a renewal blocks.
@@ -387,6 +408,7 @@ func (l *Lease) renew(ctx context.Context, t *term, timer *time.Timer) error {
 		return nil // stepped down already
 	}
 	t.rev, t.renewed = rev, sent
+	l.setLeading(true, sent.Add(l.cfg.TTL/2))
 	timer.Reset(time.Until(sent.Add(l.cfg.TTL / 2)))
 	return nil
 }
