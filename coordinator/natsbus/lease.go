@@ -19,9 +19,9 @@ import (
 const (
 	LeaseBucket     = "SBX_LEASE"
 	DefaultLeaseTTL = 4 * time.Second
-	// MinLeaseTTL is the shortest TTL taken: a renewal (a quarter of it) must fit a round trip to
+	// minLeaseTTL is the shortest TTL taken: a renewal (a quarter of it) must fit a round trip to
 	// the stream's leader.
-	MinLeaseTTL = 100 * time.Millisecond
+	minLeaseTTL = 100 * time.Millisecond
 	leaseKey    = "leader"
 )
 
@@ -79,7 +79,8 @@ type Lease struct {
 	changed chan struct{}
 }
 
-// OpenLease makes sure of the bucket and watches the key until ctx ends, for Holder.
+// OpenLease makes sure of the bucket and watches the key, for Holder and WaitHolder, until ctx ends
+// (or nc closes): ctx is the lease's life, not a bound on opening it.
 func OpenLease(ctx context.Context, nc *nats.Conn, cfg LeaseConfig) (*Lease, error) {
 	if cfg.ID == "" {
 		return nil, errors.New("LeaseConfig.ID is empty")
@@ -87,8 +88,8 @@ func OpenLease(ctx context.Context, nc *nats.Conn, cfg LeaseConfig) (*Lease, err
 	if cfg.TTL == 0 {
 		cfg.TTL = DefaultLeaseTTL
 	}
-	if cfg.TTL < MinLeaseTTL {
-		return nil, fmt.Errorf("LeaseConfig.TTL %s is below %s", cfg.TTL, MinLeaseTTL)
+	if cfg.TTL < minLeaseTTL {
+		return nil, fmt.Errorf("LeaseConfig.TTL %s is below %s", cfg.TTL, minLeaseTTL)
 	}
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 1

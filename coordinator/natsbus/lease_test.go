@@ -294,3 +294,39 @@ func TestLeaseRefusesOtherReplicas(t *testing.T) {
 		t.Errorf("a lease without an ID: %v", err)
 	}
 }
+
+// TestLeaseWaitHolder: WaitHolder blocks while no coordinator holds the lease, and returns the
+// first that does.
+func TestLeaseWaitHolder(t *testing.T) {
+	ns, _ := coordinatortest.StartServer(t)
+	l, err := OpenLease(t.Context(), connect(t, ns.ClientURL()), LeaseConfig{ID: "standby", TTL: testTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := l.Holder(); ok {
+		t.Error("a holder before any Run")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), testTTL)
+	defer cancel()
+	if id, _, err := l.WaitHolder(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("WaitHolder with no holder: %q %v, want DeadlineExceeded", id, err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		id, url, err := l.WaitHolder(t.Context())
+		got <- fmt.Sprintf("%s %s %v", id, url, err)
+	}()
+	var rec leads
+	startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "a", URL: "http://a", TTL: testTTL}, rec.lead("a"))
+	select {
+	case g := <-got:
+		if g != "a http://a <nil>" {
+			t.Errorf("WaitHolder: %s", g)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitHolder did not return once a leads")
+	}
+	if l.Leading() {
+		t.Error("a lease that never ran leads")
+	}
+}
