@@ -261,7 +261,9 @@ func TestStateWritesFailCleanly(t *testing.T) {
 			t.Errorf("after a failed %s the cache is:\n%s\nwant:\n%s", name, got, want)
 		}
 	}
-	write("PutJob", func(ctx context.Context) error { return s.PutJob(ctx, stateJob("job2", "s1", coordinator.StatusRunning)) })
+	write("PutJob", func(ctx context.Context) error {
+		return s.PutJob(ctx, stateJob("job2", "s1", coordinator.StatusRunning))
+	})
 	write("PutSession", func(ctx context.Context) error { return s.PutSession(ctx, &coordinator.Session{ID: "s1", Acked: 1}) })
 	write("AddNotifications", func(ctx context.Context) error {
 		return s.AddNotifications(ctx, []*coordinator.Notification{stateNote("n2", "s1", time.Now()), stateNote("n3", "s2", time.Now())})
