@@ -352,7 +352,7 @@ func (s *State) deleteJob(ctx context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.stateStream.Purge(ctx, jetstream.WithPurgeSubject(subject(StateBucket, jobPrefix+id))); err != nil {
-		return fmt.Errorf("delete job %s from bucket %s: %w", id, StateBucket, err)
+		return writeError(fmt.Errorf("delete job %s from bucket %s: %w", id, StateBucket, err))
 	}
 	return s.cache.DeleteJobs(ctx, []string{id})
 }
@@ -380,11 +380,11 @@ func (s *State) DeleteNotificationsBefore(ctx context.Context, cutoff time.Time)
 			continue // expired, and every older message of the bucket with it
 		}
 		if err != nil {
-			return 0, fmt.Errorf("bucket %s: %w", NotesBucket, err)
+			return 0, writeError(fmt.Errorf("bucket %s: %w", NotesBucket, err))
 		}
 		err = s.notesStream.Purge(ctx, jetstream.WithPurgeSubject(subject(NotesBucket, hex.EncodeToString([]byte(st.ID))+".>")), jetstream.WithPurgeSequence(e.Revision()+1))
 		if err != nil {
-			return 0, fmt.Errorf("delete notifications of session %s from bucket %s: %w", st.ID, NotesBucket, err)
+			return 0, writeError(fmt.Errorf("delete notifications of session %s from bucket %s: %w", st.ID, NotesBucket, err))
 		}
 	}
 	return s.cache.DeleteNotificationsBefore(ctx, cutoff)
@@ -478,9 +478,18 @@ func (s *State) put(ctx context.Context, kv jetstream.KeyValue, key string, data
 		return fmt.Errorf("store %s: it is %d bytes encoded, more than NATS takes in one message (max_payload %d)", what, len(data), max)
 	}
 	if _, err := kv.Put(ctx, key, data); err != nil {
-		return fmt.Errorf("store %s in bucket %s: %w", what, kv.Bucket(), err)
+		return writeError(fmt.Errorf("store %s in bucket %s: %w", what, kv.Bucket(), err))
 	}
 	return nil
+}
+
+// writeError marks err, a failed write to a bucket, unavailable when JetStream could not answer, so
+// that the API says 503, as it does for a start that could not be queued: the caller may retry.
+func writeError(err error) error {
+	if NotReady(err) || notSent(err) {
+		return fmt.Errorf("%w: %w", coordinator.Errorf(coordinator.EUNAVAILABLE, "The coordinator could not write its state to JetStream; is NATS reachable?"), err)
+	}
+	return err
 }
 
 // noteKey is a notification's key in NotesBucket: the seq in fixed-width hex, so that a session's

@@ -226,7 +226,8 @@ func TestStateReplicas(t *testing.T) {
 	}
 }
 
-// TestStateWritesFailCleanly: with NATS gone, every write fails and leaves the cache as it was.
+// TestStateWritesFailCleanly: with NATS gone, every write fails, unavailable (the API's 503), and
+// leaves the cache as it was.
 func TestStateWritesFailCleanly(t *testing.T) {
 	ns, _ := coordinatortest.StartServer(t)
 	// As the coordinator connects (cmd/sbx coordinatorConn): nothing is buffered while disconnected.
@@ -254,8 +255,8 @@ func TestStateWritesFailCleanly(t *testing.T) {
 		t.Helper()
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if err := f(wctx); err == nil {
-			t.Errorf("%s succeeded with NATS down", name)
+		if err := f(wctx); coordinator.ErrorCode(err) != coordinator.EUNAVAILABLE {
+			t.Errorf("%s with NATS down: %v; want an error coded %s (a 503)", name, err, coordinator.EUNAVAILABLE)
 		}
 		if got := snapshot(t, s); got != want {
 			t.Errorf("after a failed %s the cache is:\n%s\nwant:\n%s", name, got, want)
