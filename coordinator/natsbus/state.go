@@ -34,7 +34,8 @@ const (
 	migratedKey   = "meta.migrated"
 )
 
-// loadBatch is how many jobs or notifications Sync hands the cache in one write.
+// loadBatch is how many jobs or notifications Sync hands the cache in one write, and how many
+// notifications a migration reads from it at a time.
 const loadBatch = 512
 
 // StateCache is the coordinator's local copy of the state (store.DB): it serves the reads, and State
@@ -101,30 +102,36 @@ func OpenState(ctx context.Context, nc *nats.Conn, cache StateCache, cfg StateCo
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	s := &State{cfg: cfg, nc: nc, cache: cache}
-	for _, b := range []struct {
-		name string
-		ttl  time.Duration
-		kv   *jetstream.KeyValue
-		st   *jetstream.Stream
-	}{{StateBucket, 0, &s.state, &s.stateStream}, {NotesBucket, cfg.RetainAge, &s.notes, &s.notesStream}} {
-		stream := "KV_" + b.name
-		if err := checkReplicas(ctx, js, stream, cfg.Replicas, stateRemedy); err != nil {
-			return nil, err
-		}
-		*b.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: b.name, History: 1, TTL: b.ttl, Storage: jetstream.FileStorage, Replicas: cfg.Replicas, MaxBytes: -1,
-		})
-		if err != nil {
-			return nil, replicasError(stream, cfg.Replicas, err)
-		}
-		if *b.st, err = js.Stream(ctx, stream); err != nil {
-			return nil, fmt.Errorf("stream %s: %w", stream, err)
-		}
+	if s.state, s.stateStream, err = bucket(ctx, js, StateBucket, 0, cfg.Replicas); err != nil {
+		return nil, err
+	}
+	if s.notes, s.notesStream, err = bucket(ctx, js, NotesBucket, cfg.RetainAge, cfg.Replicas); err != nil {
+		return nil, err
 	}
 	if err := s.migrate(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// bucket creates or updates a bucket of the state, keeping values for ttl (0: for ever), and returns
+// it with its stream.
+func bucket(ctx context.Context, js jetstream.JetStream, name string, ttl time.Duration, replicas int) (jetstream.KeyValue, jetstream.Stream, error) {
+	stream := "KV_" + name
+	if err := checkReplicas(ctx, js, stream, replicas, stateRemedy); err != nil {
+		return nil, nil, err
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: name, History: 1, TTL: ttl, Storage: jetstream.FileStorage, Replicas: replicas, MaxBytes: -1,
+	})
+	if err != nil {
+		return nil, nil, replicasError(stream, replicas, err)
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, nil, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	return kv, st, nil
 }
 
 // stateRemedy is checkReplicas's advice for the state's buckets, which hold the fleet's only copy.
