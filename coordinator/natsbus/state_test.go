@@ -340,3 +340,96 @@ func TestStateSeqBeforeNotes(t *testing.T) {
 		t.Fatalf("the failed write's cache has sessions %+v; want s1 at last seq 1", sessions)
 	}
 }
+
+// TestStateReplicasSurviveLeaderLoss: on a cluster of three, buckets of 3 replicas lose nothing when
+// the server leading the state bucket shuts down: writes go on once a new leader is elected, and a
+// new cache synced from the survivors equals the writer's. With a second server gone, writes are
+// refused as unavailable and reads go on from the cache.
+func TestStateReplicasSurviveLeaderLoss(t *testing.T) {
+	cluster := coordinatortest.StartCluster(t, 3)
+	nc, err := nats.Connect(cluster.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx := t.Context()
+	s, err := OpenState(ctx, nc, openCache(t), StateConfig{Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitReplicas(t, s.stateStream, 3)
+	waitReplicas(t, s.notesStream, 3)
+	if err := s.PutJob(ctx, stateJob("job1", "s1", coordinator.StatusRunning)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNotifications(ctx, []*coordinator.Notification{stateNote("n1", "s1", time.Now())}); err != nil {
+		t.Fatal(err)
+	}
+
+	info, err := s.stateStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := cluster.Server(info.Cluster.Leader)
+	if leader == nil {
+		t.Fatalf("state bucket leader %q is none of the cluster's servers", info.Cluster.Leader)
+	}
+	leader.Shutdown()
+	leader.WaitForShutdown()
+	// A write whose outcome is unknown is written again, as the service's retry would: the same
+	// value at the same key, the same seq.
+	retry := func(what string, write func(context.Context) error) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := write(wctx)
+			cancel()
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s failed for 30 s after the loss of %s: %v", what, leader.Name(), err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	retry("PutJob", func(ctx context.Context) error {
+		return s.PutJob(ctx, stateJob("job2", "s1", coordinator.StatusQueued))
+	})
+	n2 := stateNote("n2", "s1", time.Now())
+	retry("AddNotifications", func(ctx context.Context) error { return s.AddNotifications(ctx, []*coordinator.Notification{n2}) })
+	if n2.Seq != 2 {
+		t.Fatalf("the notification written after the loss has seq %d, want 2", n2.Seq)
+	}
+	want := snapshot(t, s)
+	synced, err := OpenState(ctx, nc, openCache(t), StateConfig{Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := synced.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := snapshot(t, synced); got != want {
+		t.Fatalf("a cache synced from the two survivors:\n%s\nwant:\n%s", got, want)
+	}
+
+	for _, ns := range cluster.Servers {
+		if ns != leader {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+			break
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err = s.PutJob(wctx, stateJob("job3", "s1", coordinator.StatusQueued))
+	cancel()
+	if coordinator.ErrorCode(err) != coordinator.EUNAVAILABLE {
+		t.Fatalf("PutJob with one server of three left: %v; want it refused as %s", err, coordinator.EUNAVAILABLE)
+	}
+	if got := snapshot(t, s); got != want {
+		t.Fatalf("reads with one server of three left:\n%s\nwant:\n%s", got, want)
+	}
+}
