@@ -86,6 +86,13 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 		writeServiceMetrics(&b, s.svc.Stats(), metric)
 	}
 
+	metric("sbx_coordinator_leader", "gauge", "1 while this coordinator leads: it runs the duties that must happen once (lost runners, timeouts, retention).")
+	leader := 0
+	if leading, _ := s.role(); leading {
+		leader = 1
+	}
+	fmt.Fprintf(&b, "sbx_coordinator_leader %d\n", leader)
+
 	codes := s.codes.snapshot()
 	keys := make([]int, 0, len(codes))
 	for k := range codes {
