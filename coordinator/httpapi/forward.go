@@ -23,6 +23,9 @@ const forwardDialTimeout = 2 * time.Second
 // browser checks hold here too, so that a stranger's calls cost the leader nothing; the leader
 // checks every call again, bodies included, as it does its own.
 func NewForwarder(cfg Config, leader func() (id, url string)) *Server {
+	if cfg.Role == nil { // for /metrics: a forwarder does not lead
+		cfg.Role = func() (bool, string) { id, _ := leader(); return false, id }
+	}
 	s := newServer(nil, cfg)
 	s.leader = leader
 	s.handler = s.countCodes(s.boundBody(s.guardBrowsers(s.authenticate(s.forwardRoutes()))))
@@ -78,20 +81,13 @@ func (s *Server) forwardRoutes() http.Handler {
 	return mux
 }
 
-// standbyReply is /readyz of a standby: ready while it knows a coordinator that leads, the one it
-// forwards to.
-type standbyReply struct {
-	Status   string `json:"status"`
-	Version  string `json:"version,omitempty"`
-	Leader   bool   `json:"leader"`
-	LeaderID string `json:"leader_id,omitempty"`
-}
-
+// handleStandbyReadyz is a standby's /readyz: ready while it knows a coordinator that leads, the
+// one it forwards to.
 func (s *Server) handleStandbyReadyz(w http.ResponseWriter, r *http.Request) {
 	id, u := s.leader()
 	if u == "" {
 		s.writeError(w, r, coordinator.Errorf(coordinator.EUNAVAILABLE, "Not ready: this coordinator is a standby and no coordinator leads yet."))
 		return
 	}
-	writeJSON(w, http.StatusOK, standbyReply{Status: "ok", Version: s.cfg.Version, LeaderID: id})
+	writeJSON(w, http.StatusOK, readyReply{Status: "ok", Version: s.cfg.Version, LeaderID: id})
 }

@@ -64,7 +64,8 @@ func TestForwarder(t *testing.T) {
 	if r.status != http.StatusOK || ready.Leader || ready.LeaderID != "coord-a" {
 		t.Errorf("standby /readyz: %d %s", r.status, r.body)
 	}
-	if m := standby.get("/metrics"); m.status != http.StatusOK || !strings.Contains(string(m.body), `sbx_http_requests_total{code="201"} 1`) {
+	if m := standby.get("/metrics"); m.status != http.StatusOK || !strings.Contains(string(m.body), `sbx_http_requests_total{code="201"} 1`) ||
+		!strings.Contains(string(m.body), "sbx_coordinator_leader 0\n") {
 		t.Errorf("standby /metrics: %d %s", m.status, m.body)
 	}
 
