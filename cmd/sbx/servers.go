@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,7 +27,6 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
-	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
 	"github.com/sbx-dev/sbx/runner"
 	"github.com/sbx-dev/sbx/sandbox"
@@ -84,6 +84,10 @@ type coordinatorFlags struct {
 	outputBudget, minFreeDisk   string
 	// replicas is the replica count of the streams (natsbus.Config.Replicas).
 	replicas int
+	// advertise is the URL other coordinators forward calls to when this one leads, and leaseTTL
+	// the lease's (natsbus.LeaseConfig); sbx coordinator's flags, serve's defaults.
+	advertise string
+	leaseTTL  time.Duration
 }
 
 func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -110,12 +114,21 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.IntVar(&c.replicas, "replicas", 1, "replicas of each NATS stream sbx makes: above 1 needs a NATS cluster of at least that many JetStream servers, and keeps queued work when one is lost")
 }
 
+// registerFleet registers the flags of a coordinator that shares its NATS with others.
+func (c *coordinatorFlags) registerFleet(fs *flag.FlagSet) {
+	fs.StringVar(&c.advertise, "advertise", "", "URL the other coordinators forward calls to while this one leads (default: http(s)://LISTEN, with the host's name when LISTEN is 0.0.0.0 or [::])")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", natsbus.DefaultLeaseTTL, "how long a leading coordinator may go unheard before another takes over (give every coordinator the same)")
+}
+
 // api is the HTTP API's listener and its server's settings. It is opened before anything else
 // starts, so that a mistake in them stops the process at once.
 type api struct {
 	ln  net.Listener
 	cfg httpapi.Config
 	url string // http://ADDR or https://ADDR
+	// advertise is the URL other coordinators forward to (--advertise, else url with a name
+	// others can reach).
+	advertise string
 	// retainBytes is --retain-bytes, parsed; outputBudget and minFreeDisk --output-budget and
 	// --min-free-disk (-1: not checked).
 	retainBytes               int64
@@ -152,6 +165,9 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	}
 	if cf.replicas < 1 {
 		return nil, usageError("--replicas must be at least 1")
+	}
+	if cf.leaseTTL != 0 && cf.leaseTTL < 400*time.Millisecond {
+		return nil, usageError("--lease-ttl %s must be at least 400ms: the leader renews every quarter of it", cf.leaseTTL)
 	}
 	token, err := readToken(cf.tokenFile)
 	if err != nil {
@@ -197,7 +213,37 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if host, _, err := net.SplitHostPort(cf.listen); err == nil && host != "" && !addr.IP.IsUnspecified() {
 		cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 	}
-	return &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes, outputBudget: outputBudget, minFreeDisk: minFreeDisk}, nil
+	a := &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes, outputBudget: outputBudget, minFreeDisk: minFreeDisk}
+	if a.advertise, err = advertiseURL(cf.advertise, scheme, addr); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	// Calls forwarded by a standby name this coordinator as it advertises itself.
+	if u, err := url.Parse(a.advertise); err == nil {
+		a.cfg.AllowedHosts = append(a.cfg.AllowedHosts, u.Hostname())
+	}
+	return a, nil
+}
+
+// advertiseURL is --advertise checked, or the URL of the address listened on, named by the host's
+// name when that address is every interface's.
+func advertiseURL(flagURL, scheme string, addr *net.TCPAddr) (string, error) {
+	if flagURL == "" {
+		host := addr.IP.String()
+		if addr.IP.IsUnspecified() {
+			name, err := os.Hostname()
+			if err != nil {
+				return "", fmt.Errorf("--advertise is needed: the host's name is unknown: %w", err)
+			}
+			host = name
+		}
+		return scheme + "://" + net.JoinHostPort(host, strconv.Itoa(addr.Port)), nil
+	}
+	u, err := url.Parse(flagURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.User != nil {
+		return "", usageError("--advertise %q must be a URL like http://coordinator-1:7070 (scheme and host, no path)", flagURL)
+	}
+	return u.Scheme + "://" + u.Host, nil
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -435,6 +481,7 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 	var cf coordinatorFlags
 	var nf natsFlags
 	cf.register(fs, getenv)
+	cf.registerFleet(fs)
 	nf.register(fs)
 	enrollKey := fs.String("enroll-key", "", "file (mode 0600) holding the enroll key: enables POST /v1/enroll, which gives runners holding the key creds for the id they ask (needs --nats-account-key)")
 	accountKey := fs.String("nats-account-key", "", "the account key (account.nk of sbx auth init) that signs enrolled runners' creds")
@@ -664,96 +711,6 @@ func dial(ctx context.Context, log *slog.Logger, name, url string, opts ...nats.
 // while NATS is unreachable fails at once, so that a start the API refuses (503) is not sent later
 // by the buffer and run behind the caller's back.
 func coordinatorConn() nats.Option { return nats.ReconnectBufSize(-1) }
-
-// serveCoordinator runs the coordinator until ctx ends, serving the API on api; it calls ready once
-// the API is served. Its parts (the HTTP API, the event consumer, the service's loop) are
-// supervised: one that stops by itself stops the others, and serveCoordinator returns an error.
-func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *api, local bool, log *slog.Logger, ready func()) error {
-	db, err := store.Open(filepath.Join(cf.data, "sbx.db"))
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	terms, err := store.OpenTerminals(filepath.Join(cf.data, "terminals"))
-	if err != nil {
-		return err
-	}
-	defer terms.Close()
-	bus, err := newBus(ctx, nc, cf.replicas, log)
-	if err != nil || bus == nil {
-		return err
-	}
-	// The state lives in JetStream; sbx.db is its cache, made equal to it before the service reads it.
-	state, err := natsbus.OpenState(ctx, nc, db, natsbus.StateConfig{Replicas: cf.replicas, RetainAge: cf.retainAge, Logger: log})
-	if err != nil {
-		return err
-	}
-	if err := state.Sync(ctx); err != nil {
-		return err
-	}
-	svc, err := coordinator.New(ctx, coordinator.Config{
-		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, InputStallAfter: cf.inputStallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
-		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk, Idempotency: bus,
-	}, state, terms, bus)
-	if err != nil {
-		return err
-	}
-	cfg := api.cfg
-	cfg.Ready = bus.Ready
-	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log}, cf.mcpSessions)
-	defer mcpHTTP.close()
-	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
-	for pattern, h := range api.cfg.Handlers {
-		cfg.Handlers[pattern] = h
-	}
-	srv := httpapi.NewServer(svc, cfg)
-	mcpHTTP.API = srv.Handler()
-
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		return supervise(gctx, "service loop", func(ctx context.Context) error { svc.Run(ctx); return nil })
-	})
-	g.Go(func() error {
-		return supervise(gctx, "event consumer", func(ctx context.Context) error { return bus.Consume(ctx, svc) })
-	})
-	g.Go(func() error {
-		return supervise(gctx, "http api", func(ctx context.Context) error { return srv.Serve(ctx, api.ln) })
-	})
-	ready()
-	return g.Wait()
-}
-
-// newBus makes the coordinator's streams with replicas, waiting while JetStream cannot answer yet (a
-// server just started, a cluster electing its leader, too few of its servers up for the replicas yet)
-// and saying so, with the cause, every dialNotice. A refusal (a single server asked for replicas,
-// a cluster too small, streams of another count) is returned. It returns a nil Bus and no error when
-// ctx ends first.
-func newBus(ctx context.Context, nc *nats.Conn, replicas int, log *slog.Logger) (*natsbus.Bus, error) {
-	var said time.Time
-	for {
-		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		bus, err := natsbus.New(bctx, nc, natsbus.Config{Replicas: replicas, Logger: log})
-		cancel()
-		if err == nil {
-			return bus, nil
-		}
-		if ctx.Err() != nil {
-			return nil, nil
-		}
-		if !natsbus.NotReady(err) {
-			return nil, err
-		}
-		if time.Since(said) >= dialNotice {
-			log.Warn("waiting for JetStream", "err", err)
-			said = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return nil, nil
-		case <-time.After(dialRetry):
-		}
-	}
-}
 
 // supervise runs part until ctx ends. A part that returns while ctx is live stopped by itself: that
 // is an error even when it says nil, so that the process exits non-zero and whatever supervises it

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/coordinator/natsbus"
+	"github.com/sbx-dev/sbx/coordinator/store"
+)
+
+// serveCoordinator runs the coordinator until ctx ends, serving the API on api; it calls ready once
+// calls to the API are answered (this coordinator leads, or one it forwards to does).
+//
+// Coordinators are active/standby (docs/decisions.md, "Several coordinators"): the one holding the
+// lease (natsbus.Lease) runs the service and every duty that must happen once; the others forward
+// the API to it. When the lease comes to this one, its forwarder hands the socket to the API
+// (httpapi.Handoff). When the lease is lost, serveCoordinator returns an error: the process exits
+// and its supervisor starts it again, as a standby; nothing of a lost lead is kept.
+func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *api, local bool, log *slog.Logger, ready func()) error {
+	id, err := coordinatorID(cf.data)
+	if err != nil {
+		return err
+	}
+	log = log.With("coordinator", id)
+	var lease *natsbus.Lease
+	if !waitJetStream(ctx, log, func(ctx context.Context) error {
+		lease, err = natsbus.OpenLease(ctx, nc, natsbus.LeaseConfig{ID: id, URL: api.advertise, TTL: cf.leaseTTL, Replicas: cf.replicas, Logger: log})
+		return err
+	}) {
+		return err
+	}
+	handoff, err := httpapi.NewHandoff(api.ln)
+	if err != nil {
+		return err
+	}
+	c := &coordinatorRole{id: id, lease: lease, handoff: handoff, ready: sync.OnceFunc(ready)}
+	fcfg := api.cfg
+	fcfg.Role = c.role
+	c.fwd = httpapi.NewForwarder(fcfg, c.leader)
+	ln, err := handoff.Listener()
+	if err != nil {
+		return err
+	}
+	c.fwd.Open(ln)
+	defer func() {
+		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), httpapi.ShutdownTimeout)
+		defer cancel()
+		if err := c.fwd.Close(shutdown); err != nil {
+			log.Warn("closing the standby's forwarder", "err", err)
+		}
+	}()
+	go c.readyOnceLed(ctx)
+	err = lease.Run(ctx, func(ctx context.Context) error {
+		log.Info("this coordinator leads")
+		return c.lead(ctx, nc, cf, api, local, log)
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// coordinatorRole is a coordinator's part in the fleet: standby (fwd serves the socket) or leader.
+type coordinatorRole struct {
+	id      string
+	lease   *natsbus.Lease
+	handoff *httpapi.Handoff
+	fwd     *httpapi.Server
+	ready   func()
+	// serving is set once this coordinator's own API answers on the socket.
+	serving atomic.Bool
+}
+
+// leader is the coordinator calls are forwarded to: the lease's holder; this coordinator itself
+// only once its API serves (until then "": the forwarder answers 503, to be retried).
+func (c *coordinatorRole) leader() (string, string) {
+	id, url, ok := c.lease.Holder()
+	if !ok || (id == c.id && !c.serving.Load()) {
+		return id, ""
+	}
+	return id, url
+}
+
+func (c *coordinatorRole) role() (bool, string) {
+	id, _, _ := c.lease.Holder()
+	return c.lease.Leading(), id
+}
+
+// readyOnceLed calls ready once another coordinator is known to lead: this standby's calls are
+// answered from then on. When this one leads, lead calls it.
+func (c *coordinatorRole) readyOnceLed(ctx context.Context) {
+	for {
+		id, _, err := c.lease.WaitHolder(ctx)
+		if err != nil {
+			return
+		}
+		if id != c.id {
+			c.ready()
+			return
+		}
+		select { // this coordinator's own lease, from before a restart: lead calls ready
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// lead runs the service while this coordinator holds the lease: it makes the streams, loads the
+// state from JetStream into the local cache, takes the socket from the forwarder and serves.
+func (c *coordinatorRole) lead(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *api, local bool, log *slog.Logger) error {
+	db, err := store.Open(filepath.Join(cf.data, "sbx.db"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	terms, err := store.OpenTerminals(filepath.Join(cf.data, "terminals"))
+	if err != nil {
+		return err
+	}
+	defer terms.Close()
+	var bus *natsbus.Bus
+	if !waitJetStream(ctx, log, func(ctx context.Context) error {
+		bus, err = natsbus.New(ctx, nc, natsbus.Config{Replicas: cf.replicas, Logger: log})
+		return err
+	}) {
+		return err
+	}
+	// The state lives in JetStream; sbx.db is its cache, made equal to it before the service reads it.
+	state, err := natsbus.OpenState(ctx, nc, db, natsbus.StateConfig{Replicas: cf.replicas, RetainAge: cf.retainAge, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := state.Sync(ctx); err != nil {
+		return err
+	}
+	svc, err := coordinator.New(ctx, coordinator.Config{
+		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, InputStallAfter: cf.inputStallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
+		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk, Idempotency: bus,
+	}, state, terms, bus)
+	if err != nil {
+		return err
+	}
+	cfg := api.cfg
+	cfg.Ready = bus.Ready
+	cfg.Role = c.role
+	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log}, cf.mcpSessions)
+	defer mcpHTTP.close()
+	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
+	for pattern, h := range api.cfg.Handlers {
+		cfg.Handlers[pattern] = h
+	}
+	srv := httpapi.NewServer(svc, cfg)
+	mcpHTTP.API = srv.Handler()
+
+	// The forwarder lets the socket go and the API takes it; what the forwarder still holds is
+	// forwarded to this coordinator once it serves (c.leader).
+	if err := c.fwd.StopAccepting(); err != nil {
+		return err
+	}
+	ln, err := c.handoff.Listener()
+	if err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return supervise(gctx, "service loop", func(ctx context.Context) error { svc.Run(ctx); return nil })
+	})
+	g.Go(func() error {
+		return supervise(gctx, "event consumer", func(ctx context.Context) error { return bus.Consume(ctx, svc) })
+	})
+	g.Go(func() error {
+		return supervise(gctx, "http api", func(ctx context.Context) error { return srv.Serve(ctx, ln) })
+	})
+	c.serving.Store(true)
+	c.ready()
+	return g.Wait()
+}
+
+// waitJetStream calls open until it succeeds, waiting while JetStream cannot answer yet (a server
+// just started, a cluster electing its leader, too few of its servers up for the replicas yet) and
+// saying so, with the cause, every dialNotice. It reports false when open was refused (its error is
+// open's to keep) or ctx ended first.
+func waitJetStream(ctx context.Context, log *slog.Logger, open func(context.Context) error) bool {
+	var said time.Time
+	for {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := open(octx)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil || !natsbus.NotReady(err) {
+			return false
+		}
+		if time.Since(said) >= dialNotice {
+			log.Warn("waiting for JetStream", "err", err)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(dialRetry):
+		}
+	}
+}
+
+// coordinatorID is this coordinator's id in the lease, kept in the data dir: a coordinator that
+// restarts takes its lease back at once instead of waiting for it to lapse (natsbus.Lease).
+func coordinatorID(data string) (string, error) {
+	path := filepath.Join(data, "coordinator-id")
+	b, err := os.ReadFile(path)
+	if err == nil {
+		if id := strings.TrimSpace(string(b)); id != "" {
+			return id, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("coordinator id: %w", err)
+	}
+	var r [4]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return "", err
+	}
+	// The host's name makes /readyz's leader_id readable; the random part makes it unique.
+	id := hex.EncodeToString(r[:])
+	if host, err := os.Hostname(); err == nil && validLabelKey(host) {
+		id = host + "-" + id
+	}
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("coordinator id: %w", err)
+	}
+	return id, nil
+}
