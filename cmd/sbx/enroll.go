@@ -231,7 +231,21 @@ func enrollError(w http.ResponseWriter, status int, code, msg string) {
 }
 
 // enroll asks the coordinator at base for the creds of runner id of pool with the enroll key.
-func enroll(ctx context.Context, base, key, id, pool string) ([]byte, error) {
+func enroll(ctx context.Context, bases, key, id, pool string) ([]byte, error) {
+	// A fleet's coordinators, comma-separated: any of them answers (one forwards to the leader),
+	// so the next is tried when one cannot.
+	var errs []error
+	for base := range strings.SplitSeq(bases, ",") {
+		creds, err := enrollAt(ctx, strings.TrimSpace(base), key, id, pool)
+		if err == nil {
+			return creds, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func enrollAt(ctx context.Context, base, key, id, pool string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	body, _ := json.Marshal(enrollRequest{RunnerID: id, Pool: pool})

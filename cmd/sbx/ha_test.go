@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/sbx-dev/sbx/coordinator/client"
 	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 )
@@ -181,6 +184,49 @@ func TestSeveralCoordinators(t *testing.T) {
 	for _, id := range ids {
 		if finished[id] != 1 {
 			t.Errorf("job %s: %d finished notifications, want 1", id, finished[id])
+		}
+	}
+
+	// Then the NATS server leading the work stream goes: the stream elects another leader, and
+	// starts succeed again within seconds.
+	nc, err := nats.Connect(urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := js.Stream(t.Context(), "SBX_WORK")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := cluster.Server(info.CachedInfo().Cluster.Leader)
+	if node == nil {
+		t.Fatalf("work stream leader %q is none of the cluster's", info.CachedInfo().Cluster.Leader)
+	}
+	node.Shutdown()
+	lost := time.Now()
+	for i := range 4 {
+		var r *client.StartReply
+		for {
+			r, err = cs.Start(t.Context(), client.StartRequest{Cwd: marks, Command: "echo ok", IdempotencyKey: client.NewIdempotencyKey()})
+			if err == nil {
+				break
+			}
+			if time.Since(lost) > 30*time.Second {
+				t.Fatalf("no start 30 s after the work stream's NATS server went: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if i == 0 {
+			t.Logf("first start accepted %s after the work stream's NATS server went", time.Since(lost).Round(time.Millisecond))
+		}
+		j := waitStatus(t, cs, r.Job.ID, 60*time.Second, ended)
+		out, _, err := cs.Output(t.Context(), r.Job.ID, 0, -1)
+		if j.Status != "succeeded" || err != nil || string(out) != "ok\n" {
+			t.Errorf("job %s after the NATS server's loss: %s, %q, %v", j.ID, j.Status, out, err)
 		}
 	}
 }

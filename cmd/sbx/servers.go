@@ -540,7 +540,7 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	rf.registerRunnerDeadline(fs)
 	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 0, "on SIGTERM, take no more work and let running jobs finish for up to this long before killing them (0: kill at once)")
 	nf.register(fs)
-	enrollURL := fs.String("enroll", "", "coordinator URL to get this runner's NATS creds from (POST /v1/enroll) when --nats-creds is not given")
+	enrollURL := fs.String("enroll", "", "coordinator URL (several: comma-separated, tried in turn) to get this runner's NATS creds from (POST /v1/enroll) when --nats-creds is not given")
 	enrollKeyFile := fs.String("enroll-key-file", "", "file (mode 0600) holding the coordinator's enroll key, for --enroll")
 	if err := parse(fs, args); err != nil {
 		return err
