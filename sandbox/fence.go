@@ -230,7 +230,7 @@ func fenceKill(m *Manager, why string) int {
 		return 1
 	}
 	if n > 0 {
-		fmt.Fprintf(os.Stderr, "sbx-fence %s: %s: killed the processes of %d job cgroups\n", m.where.Root, why, n)
+		fmt.Fprintf(os.Stderr, "sbx-fence %s: %s: killed the processes of %d cgroups\n", m.where.Root, why, n)
 	}
 	return 0
 }
