@@ -1,8 +1,10 @@
 package main
 
 import (
+	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -106,4 +108,20 @@ func TestKilledRunnerFenced(t *testing.T) {
 	}
 	t.Logf("the job died %s after its runner", time.Since(killed).Round(10*time.Millisecond))
 	fencedWithin(t, c, id, pid, killed, 10*time.Second)
+}
+
+// TestRunnerDeadlineFlag: the coordinator refuses a --runner-deadline that runners refuse, naming the
+// flag, before anything connects; so do runners.
+func TestRunnerDeadlineFlag(t *testing.T) {
+	for _, cmd := range [][]string{
+		{"coordinator", "--nats", "nats://127.0.0.1:1", "--listen", "127.0.0.1:0", "--data", t.TempDir()},
+		{"runner", "--nats", "nats://127.0.0.1:1"},
+	} {
+		for _, d := range []string{"0s", "-1s", "99ms"} {
+			err := run(t.Context(), append(cmd, "--runner-deadline", d), os.Getenv, io.Discard, io.Discard)
+			if code(err) != 2 || !strings.Contains(err.Error(), "--runner-deadline") {
+				t.Errorf("%s --runner-deadline %s: %v (exit %d), want a usage error naming --runner-deadline", cmd[0], d, err, code(err))
+			}
+		}
+	}
 }
