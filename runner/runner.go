@@ -502,7 +502,8 @@ func (r *Runner) heartbeat(ctx context.Context) {
 }
 
 // renewFence renews the fence process, or replaces one that fired or died: a runner that was
-// stopped past fenceAfter comes back to jobs the fence killed and starts a new one for the next.
+// stopped past fenceAfter comes back to jobs the fence killed and starts a new one for the next. It
+// waits for a fence that fired to end, that is for its kills to be done.
 func (r *Runner) renewFence() {
 	f := r.guard.Load()
 	if f != nil {

@@ -113,16 +113,20 @@ func (f *Fence) ready() error {
 	return f.report.SetReadDeadline(time.Time{})
 }
 
-// Renew restarts the fence's time. It fails once the fence fired or exited: the caller then closes
-// it and starts another.
+// Renew restarts the fence's time. It fails once the fence fired or exited, or when it does not read
+// its renewals (stopped, hung), which it then kills: the caller closes it and starts another.
 func (f *Fence) Renew() error {
 	if f.Fired() {
 		return errFenceFired
 	}
-	if err := f.renew.SetWriteDeadline(time.Now().Add(renewTimeout)); err != nil {
-		return fmt.Errorf("renew fence: %w", err)
+	err := f.renew.SetWriteDeadline(time.Now().Add(renewTimeout))
+	if err == nil {
+		_, err = f.renew.Write([]byte{1})
 	}
-	if _, err := f.renew.Write([]byte{1}); err != nil {
+	if err != nil {
+		// It fences nothing, and Close must not wait for it. A fence that fired meanwhile does not
+		// read any more either, but its pipe has room for hours of renewals: this write succeeded.
+		_ = f.cmd.Process.Kill()
 		return fmt.Errorf("renew fence: %w", err)
 	}
 	return nil

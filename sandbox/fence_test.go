@@ -51,7 +51,8 @@ func waitKilled(t *testing.T, done <-chan Result, limit time.Duration) {
 
 // TestFence: a fence stays quiet while it is renewed, kills every job of its Manager once it is not
 // (and says so), and kills them at once when its pipe closes, as when its runner dies. It runs in a
-// process group of its own, with an empty environment.
+// process group of its own, with an empty environment. One that does not read its renewals is
+// killed by the renewal that finds its pipe full.
 func TestFence(t *testing.T) {
 	eachVersion(t, func(t *testing.T, cfg Config) {
 		cfg.Warm = -1
@@ -100,6 +101,32 @@ func TestFence(t *testing.T) {
 			}
 			if err := f.Close(); err != nil {
 				t.Errorf("Close: %v", err)
+			}
+		})
+
+		t.Run("stopped", func(t *testing.T) {
+			f, err := m.StartFence(time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Kill(f.cmd.Process.Pid, unix.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			// Its pipe fills; the renewal that finds it full fails, within renewTimeout, and kills it.
+			var renewErr error
+			for i := 0; i < 1<<20 && renewErr == nil; i++ {
+				renewErr = f.Renew()
+			}
+			if renewErr == nil {
+				t.Fatal("a fence that does not read was renewed 1 MiB of times")
+			}
+			closed := make(chan error, 1)
+			go func() { closed <- f.Close() }()
+			select {
+			case err := <-closed:
+				t.Logf("Renew: %v; Close: %v", renewErr, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Close of a fence that did not read still waits 10 s later")
 			}
 		})
 
