@@ -323,6 +323,44 @@ type Event struct {
 	Seq        int64      `json:"seq,omitempty"`
 	InputSince *time.Time `json:"input_since,omitempty"`
 	Ports      []Port     `json:"ports,omitempty"`
+	// Stages (accepted, started and exited events) say when the job passed each step on the runner.
+	// Optional: an event without them is still valid.
+	Stages *Stages `json:"stages,omitempty"`
+}
+
+// Stages are when a job passed each step on its runner, in µs since the runner took its work, by
+// the runner host's CLOCK_MONOTONIC (the stamps of sandbox.Process.Stages, which the kernel gave,
+// less the runner's own reading when it took the work): offsets from one clock, so that no clock
+// of the runner need agree with the coordinator's. 0: not passed yet, or not reported (a job
+// without a process). The coordinator places them on its own clock through SentUS (Job.Timings).
+type Stages struct {
+	// CgroupUS: the job's cgroup was ready (its init step joined it, or a warm one's got its limits).
+	CgroupUS int64 `json:"cgroup_us,omitempty"`
+	// ExecUS: the job's process was about to execute its program.
+	ExecUS int64 `json:"exec_us,omitempty"`
+	// ExitUS: the job's program exited (exited events).
+	ExitUS int64 `json:"exit_us,omitempty"`
+	// SentUS: the runner made this event to publish it.
+	SentUS int64 `json:"sent_us"`
+}
+
+// MaxStageUS bounds a stage: a week, beyond MaxTimeoutMS.
+const MaxStageUS = 8 * 24 * 3600 * 1_000_000
+
+// Validate checks that every stage is in range and none comes after the event was sent.
+func (s *Stages) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"cgroup_us", s.CgroupUS}, {"exec_us", s.ExecUS}, {"exit_us", s.ExitUS}, {"sent_us", s.SentUS}} {
+		if f.v < 0 || f.v > MaxStageUS {
+			return invalid("stages.%s %d out of range [0, %d]", f.name, f.v, MaxStageUS)
+		}
+		if f.v > s.SentUS {
+			return invalid("stages.%s %d is after stages.sent_us %d", f.name, f.v, s.SentUS)
+		}
+	}
+	return nil
 }
 
 var reasons = map[string]bool{
@@ -348,6 +386,14 @@ func (e *Event) Validate() error {
 	}
 	if e.Time.IsZero() {
 		return invalid("time is missing")
+	}
+	if e.Stages != nil {
+		if e.Kind != EventAccepted && e.Kind != EventStarted && e.Kind != EventExited {
+			return invalid("a %s event has no stages", e.Kind)
+		}
+		if err := e.Stages.Validate(); err != nil {
+			return err
+		}
 	}
 	switch e.Kind {
 	case EventAccepted:
