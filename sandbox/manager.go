@@ -2,9 +2,10 @@
 // inside them, limited, accounted, and killed as a whole, on cgroup v1 (legacy or hybrid) and v2.
 //
 // A runner calls MaybeInit first thing in main (every job starts through a re-executed copy of the
-// binary), makes one Manager, calls Sweep once to clear what an earlier life left, ProbeReadonly once
-// to learn whether readonly jobs (Spec.Readonly: bwrap and a seccomp filter) can run here, and then,
-// per job, Start, reads Output to EOF while calling Wait, and Kill to cancel.
+// binary), makes one Manager, calls Sweep once to clear what an earlier life left, StartFence to have
+// its jobs killed when it stops renewing the fence or dies (fence.go), ProbeReadonly once to learn
+// whether readonly jobs (Spec.Readonly: bwrap and a seccomp filter) can run here, and then, per job,
+// Start, reads Output to EOF while calling Wait, and Kill to cancel.
 package sandbox
 
 import (
