@@ -683,10 +683,18 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	if err != nil || bus == nil {
 		return err
 	}
+	// The state lives in JetStream; sbx.db is its cache, made equal to it before the service reads it.
+	state, err := natsbus.OpenState(ctx, nc, db, natsbus.StateConfig{Replicas: cf.replicas, RetainAge: cf.retainAge, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := state.Sync(ctx); err != nil {
+		return err
+	}
 	svc, err := coordinator.New(ctx, coordinator.Config{
 		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, InputStallAfter: cf.inputStallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
 		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk, Idempotency: bus,
-	}, db, terms, bus)
+	}, state, terms, bus)
 	if err != nil {
 		return err
 	}

@@ -101,7 +101,7 @@ func OpenLease(ctx context.Context, nc *nats.Conn, cfg LeaseConfig) (*Lease, err
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if err := checkReplicas(ctx, js, "KV_"+LeaseBucket, cfg.Replicas, "delete the bucket "+LeaseBucket+" (nothing is lost: the lease forms again)"); err != nil {
+	if err := checkReplicas(ctx, js, "KV_"+LeaseBucket, cfg.Replicas, ", or delete the bucket "+LeaseBucket+" (nothing is lost: the lease forms again) and start again"); err != nil {
 		return nil, err
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
