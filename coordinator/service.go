@@ -21,7 +21,8 @@ type Config struct {
 	CheckCwd bool
 	// DefaultOutputBytes caps a job's output when the request sets no cap (default 1 GiB).
 	DefaultOutputBytes int64
-	// RunnerDeadline is how long a runner may stay silent before it is gone and its jobs lost (15 s).
+	// RunnerDeadline is how long a runner may stay silent before it is gone and its jobs lost
+	// (proto.DefaultRunnerDeadline, 8 s).
 	RunnerDeadline time.Duration
 	// StartDeadline is how long a taken job may wait for its start event before it is lost (60 s).
 	StartDeadline time.Duration

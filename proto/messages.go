@@ -687,10 +687,29 @@ func DecodeHeartbeat(data []byte) (*Heartbeat, error) {
 const MaxHeartbeatJobs = 4096
 
 // DefaultRunnerDeadline is how long a runner may go unheard before the coordinator marks its jobs
-// lost, and how long a runner cut off from NATS keeps its jobs before it kills them itself: both
-// sides default to the same value (sbx's --runner-deadline), so that a runner has fenced itself by
-// the time its jobs are declared lost.
-const DefaultRunnerDeadline = 15 * time.Second
+// lost (sbx's --runner-deadline, the same on both sides). A runner derives its heartbeat interval
+// (HeartbeatInterval) and its fence (RunnerFenceAfter) from it, so that its jobs are dead by the time
+// they are declared lost: 8 s gives a heartbeat every 2 s and a fence at 6 s, and a runner killed
+// with kill -9 is reported lost within 10 s.
+const DefaultRunnerDeadline = 8 * time.Second
+
+// MinRunnerDeadline is the shortest runner deadline a coordinator or runner accepts: below it a
+// heartbeat interval (a quarter of it) is shorter than a round trip to NATS under load.
+const MinRunnerDeadline = 100 * time.Millisecond
+
+// HeartbeatInterval is the time between a runner's heartbeats for a runner deadline: 2 s, or a
+// quarter of the deadline when that is shorter, so that one late heartbeat is not a missed deadline.
+func HeartbeatInterval(deadline time.Duration) time.Duration {
+	return min(2*time.Second, deadline/4)
+}
+
+// RunnerFenceAfter is how long a runner's jobs may go on without a heartbeat that NATS confirmed
+// before its fence kills them: one heartbeat interval before the deadline, so that they are dead when
+// the coordinator, which heard that heartbeat no later than the runner's confirmation, declares them
+// lost.
+func RunnerFenceAfter(deadline time.Duration) time.Duration {
+	return deadline - HeartbeatInterval(deadline)
+}
 
 // Encode marshals any message of this package. Marshalling these types cannot fail.
 func Encode(v any) []byte {

@@ -330,3 +330,18 @@ func TestHeartbeatJobs(t *testing.T) {
 		t.Errorf("too many jobs: %v", err)
 	}
 }
+
+// TestRunnerTimes: the heartbeat interval and the fence derive from the runner deadline, the fence
+// firing a heartbeat interval before the deadline.
+func TestRunnerTimes(t *testing.T) {
+	for _, c := range []struct{ deadline, beat, fence time.Duration }{
+		{DefaultRunnerDeadline, 2 * time.Second, 6 * time.Second},
+		{2 * time.Second, 500 * time.Millisecond, 1500 * time.Millisecond},
+		{time.Hour, 2 * time.Second, time.Hour - 2*time.Second},
+		{MinRunnerDeadline, 25 * time.Millisecond, 75 * time.Millisecond},
+	} {
+		if b, f := HeartbeatInterval(c.deadline), RunnerFenceAfter(c.deadline); b != c.beat || f != c.fence {
+			t.Errorf("deadline %s: heartbeat %s, fence %s; want %s, %s", c.deadline, b, f, c.beat, c.fence)
+		}
+	}
+}

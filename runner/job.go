@@ -41,6 +41,9 @@ type job struct {
 	inClosed bool
 	// tty: the job runs on a terminal, whose input is closed by typing ^D rather than by closing it.
 	tty bool
+	// fence is the runner's fence process when the job started: when it fired, the job was killed as
+	// lost, by it or by the runner.
+	fence *sandbox.Fence
 }
 
 // stop ends the job for a reason; the first reason given is the one reported. It reports whether
@@ -94,7 +97,7 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 			return
 		}
 	}
-	j := &job{id: w.JobID, claim: w.Claim, tty: w.TTY, taken: taken}
+	j := &job{id: w.JobID, claim: w.Claim, tty: w.TTY, taken: taken, fence: r.guard.Load()}
 	r.mu.Lock()
 	r.jobs[j.id] = j
 	r.mu.Unlock()
@@ -159,6 +162,9 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	j.mu.Unlock()
 	switch {
 	case reason != "":
+	case res.Signal == int(syscall.SIGKILL) && j.fence != nil && j.fence.Fired():
+		// Killed by the fence before the runner's own check came to it.
+		reason, why = proto.ReasonLost, r.fencedWhy(fmt.Sprintf("over %s", r.fenceAfter))
 	case res.OOMKilled:
 		reason, why = proto.ReasonOOM, "the memory limit was reached"
 	case res.Signal != 0:

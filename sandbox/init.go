@@ -148,10 +148,14 @@ func parseJobMessage(b []byte) (job, error) {
 // the job's cgroups; nothing it runs can fork before the join, so nothing escapes.
 //
 // Run as the readonly probe (argv[1] probeArg, see ProbeReadonly) it checks the sandbox from inside
-// and exits.
+// and exits; run as a fence (argv[0] fenceArg0, see StartFence) it watches its runner until it
+// fires or the runner is gone, and exits.
 func MaybeInit() {
 	if len(os.Args) == 2 && os.Args[1] == probeArg {
 		os.Exit(probe(os.Stdout))
+	}
+	if len(os.Args) > 0 && os.Args[0] == fenceArg0 {
+		os.Exit(fenceMain(os.Args[1:]))
 	}
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return

@@ -157,8 +157,8 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if minFreeDisk == 0 {
 		minFreeDisk = -1 // coordinator.Config: not checked
 	}
-	if cf.runnerDeadline <= 0 {
-		return nil, usageError("--runner-deadline must be positive")
+	if cf.runnerDeadline < proto.MinRunnerDeadline {
+		return nil, usageError("--runner-deadline %s must be at least %s, as runners refuse a shorter one", cf.runnerDeadline, proto.MinRunnerDeadline)
 	}
 	if cf.retainAge <= 0 {
 		return nil, usageError("--retain-age must be positive")
@@ -260,8 +260,8 @@ type runnerFlags struct {
 // check parses what the flags parser leaves as text, so that a mistake stops the process before it
 // connects anywhere.
 func (r *runnerFlags) check() error {
-	if r.deadline <= 0 {
-		return usageError("--runner-deadline must be positive")
+	if r.deadline < proto.MinRunnerDeadline {
+		return usageError("--runner-deadline %s must be at least %s", r.deadline, proto.MinRunnerDeadline)
 	}
 	if r.drainTimeout < 0 {
 		return usageError("--drain-timeout must not be negative")
@@ -285,7 +285,7 @@ func (r *runnerFlags) register(fs *flag.FlagSet) {
 
 // registerRunnerDeadline registers the runner's --runner-deadline; serve shares the coordinator's.
 func (r *runnerFlags) registerRunnerDeadline(fs *flag.FlagSet) {
-	fs.DurationVar(&r.deadline, "runner-deadline", proto.DefaultRunnerDeadline, "how long the runner may be cut off from NATS before it kills its jobs as lost (the coordinator's --runner-deadline, after which it marks them lost)")
+	fs.DurationVar(&r.deadline, "runner-deadline", proto.DefaultRunnerDeadline, "the coordinator's --runner-deadline, after which it marks the runner's jobs lost: the runner heartbeats every quarter of it (2 s at most) and its fence kills its jobs when it has been cut off from NATS (or stopped) for the deadline less one heartbeat interval")
 }
 
 // maxLabels bounds a runner's labels, which every heartbeat carries.
@@ -732,7 +732,7 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []string, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
 		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, AllowRoot: rf.allowRootJobs, Shell: rf.shell,
-		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets, Labels: rf.labelMap, FenceAfter: rf.deadline, DrainTimeout: rf.drainTimeout,
+		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets, Labels: rf.labelMap, Deadline: rf.deadline, DrainTimeout: rf.drainTimeout,
 	})
 	if err != nil {
 		return err
