@@ -34,7 +34,7 @@ test-v2: deps
 # bench prints each figure beside its baseline, measured in the same run: run-to-exit against a bare
 # `sh -c true`, readonly against a bare bwrap with the same arguments, and output throughput.
 bench: deps
-	$(GO) test -run '^$$' -bench 'RunToExit|ExitToNotification' -benchtime 300x -timeout 20m ./cmd/sbx/
+	$(GO) test -run '^$$' -bench 'RunToExit|ExitToNotification|JobsPerSecond' -benchtime 300x -timeout 20m ./cmd/sbx/
 	$(GO) test -run '^$$' -bench OutputThroughput -benchtime 3x -timeout 20m ./cmd/sbx/
 	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 20m ./sandbox/
 

@@ -188,3 +188,57 @@ func BenchmarkExitToNotification(b *testing.B) {
 	b.ReportMetric(percentile(lat, 50), "p50-ms")
 	b.ReportMetric(percentile(lat, 99), "p99-ms")
 }
+
+// BenchmarkJobsPerSecond measures short jobs end to end with 8 clients at once: each starts `true`
+// with block_until_ms and waits for its exit in the reply; against 8 goroutines forking `sh -c true`
+// in the same run.
+func BenchmarkJobsPerSecond(b *testing.B) {
+	const clients = 8
+	s := startServe(b, "--slots", "16")
+	ctx := b.Context()
+	req := client.StartRequest{Command: "true", Cwd: "/", BlockUntil: 10 * time.Second}
+	for range 5 { // warm up
+		if _, err := s.c.Start(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	parallel := func(run func() error) float64 {
+		next := make(chan struct{}, b.N)
+		for range b.N {
+			next <- struct{}{}
+		}
+		close(next)
+		errs := make(chan error, clients)
+		t0 := time.Now()
+		for range clients {
+			go func() {
+				for range next {
+					if err := run(); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range clients {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		return float64(b.N) / time.Since(t0).Seconds()
+	}
+	b.ResetTimer()
+	api := parallel(func() error {
+		r, err := s.c.Start(ctx, req)
+		if err == nil && (r.Backgrounded || r.Job.ExitCode == nil || *r.Job.ExitCode != 0) {
+			err = fmt.Errorf("job did not end within block_until_ms: %+v", r.Job)
+		}
+		return err
+	})
+	b.StopTimer()
+	bare := parallel(func() error { return exec.Command("sh", "-c", "true").Run() })
+	b.ReportMetric(api, "jobs/s")
+	b.ReportMetric(bare, "bare-jobs/s")
+	b.ReportMetric(api/bare, "x-bare")
+}
