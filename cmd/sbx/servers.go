@@ -683,10 +683,17 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	if err != nil || bus == nil {
 		return err
 	}
+	// Output is kept until retention removes its job (no RetainAge): an age limit on the stream would
+	// drop the first chunks of a job that ran longer than it while the job is still kept.
+	out, err := natsbus.OpenOutput(ctx, nc, terms, natsbus.OutputConfig{Replicas: cf.replicas, Logger: log})
+	if err != nil {
+		return err
+	}
+	bus.SetOutput(out)
 	svc, err := coordinator.New(ctx, coordinator.Config{
 		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, InputStallAfter: cf.inputStallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
 		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk, Idempotency: bus,
-	}, db, terms, bus)
+	}, db, out, bus)
 	if err != nil {
 		return err
 	}
