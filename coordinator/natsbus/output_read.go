@@ -100,7 +100,7 @@ func (o *Output) firstChunk(ctx context.Context, subject string, offset int64, l
 	}
 	defer it.Stop()
 	for {
-		m, err := it.Next(jetstream.NextContext(ctx), jetstream.NextMaxWait(outputReadWait))
+		m, err := it.Next(jetstream.NextMaxWait(outputReadWait))
 		if err != nil {
 			return 0, err
 		}
@@ -133,10 +133,10 @@ type chunkReader struct {
 }
 
 func (r *chunkReader) Read(p []byte) (int, error) {
+	if r.end >= 0 && r.pos >= r.end {
+		return 0, io.EOF
+	}
 	for len(r.buf) == 0 {
-		if r.end >= 0 && r.pos >= r.end {
-			return 0, io.EOF
-		}
 		if r.takeAhead() {
 			break
 		}
