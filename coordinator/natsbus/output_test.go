@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -344,4 +345,46 @@ func readStream(t testing.TB, o *Output, id string) string {
 		b.Write(m.Data())
 	}
 	return b.String()
+}
+
+// BenchmarkOutputWrite measures output written in full chunks into the terminal file alone (files)
+// and through Output (output: the stream and the file, flushed every ackBatch chunks as the event
+// consumer does).
+func BenchmarkOutputWrite(b *testing.B) {
+	nc := coordinatortest.StartNATS(b)
+	o, files := openOutput(b, nc)
+	chunk := body(proto.MaxChunkBytes)
+	for _, bc := range []struct {
+		name  string
+		write func(id string, off int64) error
+		flush func() error
+	}{
+		{"files", func(id string, off int64) error { return files.Write(id, off, chunk) }, func() error { return nil }},
+		{"output", func(id string, off int64) error { return o.Write(id, off, chunk) }, func() error { return o.Flush(b.Context()) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			id := "bench-" + bc.name
+			testJob(b, o, id)
+			b.SetBytes(int64(len(chunk)))
+			var off int64
+			for i := 0; b.Loop(); i++ {
+				if err := bc.write(id, off); err != nil {
+					b.Fatal(err)
+				}
+				off += int64(len(chunk))
+				if (i+1)%ackBatch == 0 {
+					if err := bc.flush(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			if err := bc.flush(); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := o.Remove(id); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
 }
