@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -48,7 +47,7 @@ const (
 // (Bus.SetOutput).
 type Output struct {
 	cfg    OutputConfig
-	files  *store.Terminals
+	files  TerminalFiles
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	// key is the key of the stream's ingest subjects (proto.OutputIngest).
@@ -63,9 +62,17 @@ type Output struct {
 
 var _ coordinator.OutputStore = (*Output)(nil)
 
+// TerminalFiles are the terminal files Output writes: *store.Terminals (an interface, as adapters
+// under coordinator/ do not import each other).
+type TerminalFiles interface {
+	coordinator.OutputStore
+	// FreeBytes is the free space of the files' disk.
+	FreeBytes() (int64, error)
+}
+
 // OpenOutput creates or updates the output stream and returns the Output that keeps output in it and
 // in files.
-func OpenOutput(ctx context.Context, nc *nats.Conn, files *store.Terminals, cfg OutputConfig) (*Output, error) {
+func OpenOutput(ctx context.Context, nc *nats.Conn, files TerminalFiles, cfg OutputConfig) (*Output, error) {
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 1
 	}
