@@ -217,14 +217,16 @@ func (o *Output) Flush(ctx context.Context) error {
 	return nil
 }
 
-// Remove purges the job's chunks from the stream and deletes its terminal file.
+// Remove purges the job's chunks from the stream and deletes its terminal file; the one goes even
+// when the other fails.
 func (o *Output) Remove(id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), outputReadWait)
 	defer cancel()
+	var errs []error
 	if err := o.stream.Purge(ctx, jetstream.WithPurgeSubject(proto.JobOutputSubject(id))); err != nil {
-		return fmt.Errorf("purge output %s: %w", id, err)
+		errs = append(errs, fmt.Errorf("purge output %s: %w", id, err))
 	}
-	return o.files.Remove(id)
+	return errors.Join(append(errs, o.files.Remove(id))...)
 }
 
 // Open returns a reader of limit body bytes from offset (limit < 0: all there is now): from the

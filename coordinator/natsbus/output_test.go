@@ -388,3 +388,41 @@ func BenchmarkOutputWrite(b *testing.B) {
 		})
 	}
 }
+
+// TestServiceOutputWithoutFile: the coordinator serves an ended job's output byte-exact once its
+// terminal file is gone, from the stream.
+func TestServiceOutputWithoutFile(t *testing.T) {
+	nc := startNATS(t)
+	c := startCoordinator(t, nc, t.TempDir())
+	ctx := t.Context()
+	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	js, _ := jetstream.New(nc)
+	r := &fakeRunner{t: t, js: js, claims: map[string]string{id: claimOf(t, c.svc, id)}}
+	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
+	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	data := body(3 * proto.MaxChunkBytes / 2)
+	r.chunk(id, 0, string(data[:proto.MaxChunkBytes]))
+	r.chunk(id, proto.MaxChunkBytes, string(data[proto.MaxChunkBytes:]))
+	code := 0
+	r.event(&proto.Event{Kind: proto.EventExited, JobID: id, ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: int64(len(data))})
+	if w, err := c.svc.Wait(ctx, id, 10*time.Second, nil); err != nil || !w.Done {
+		t.Fatalf("the job did not end: %+v %v", w, err)
+	}
+	waitEvents(t, c.bus, 0)
+	if err := os.Remove(c.out.Path(id)); err != nil {
+		t.Fatal(err)
+	}
+	rc, size, err := c.svc.Output(ctx, id, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	got, err := io.ReadAll(rc)
+	if err != nil || size != int64(len(data)) || !bytes.Equal(got, data) {
+		t.Fatalf("output without its file: %d of %d bytes (%v), byte-exact %v", len(got), size, err, bytes.Equal(got, data))
+	}
+}
