@@ -252,16 +252,17 @@ func (o *Output) Sync(ctx context.Context, jobs []*coordinator.Job) error {
 		if j.StartedAt == nil && j.EndedAt == nil {
 			continue // no file before the start
 		}
-		var from int64
-		var err error
 		if j.EndedAt != nil {
-			if err = o.files.Remove(j.ID); err != nil {
+			if err := o.files.Remove(j.ID); err != nil {
 				return err
 			}
-		} else if from, err = o.files.Size(j.ID); err != nil {
+		}
+		// Begin keeps the body unless the header changes size: the size is taken after it.
+		if err := o.files.Begin(j); err != nil {
 			return err
 		}
-		if err := o.files.Begin(j); err != nil {
+		from, err := o.files.Size(j.ID)
+		if err != nil {
 			return err
 		}
 		if err := o.copyStream(ctx, j.ID, from); err != nil {
