@@ -104,6 +104,8 @@ type Job struct {
 	// QueuedReason says why a queued job waits, from what the coordinator knows of the runners at the
 	// time it is read; it is not stored.
 	QueuedReason string `json:"-"`
+	// Timings are when the job passed each stage, in µs since its start was accepted.
+	Timings Timings `json:"timings"`
 }
 
 // ElapsedMS is the time from start to end (or to now while running); 0 before the start.

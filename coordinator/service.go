@@ -21,7 +21,8 @@ type Config struct {
 	CheckCwd bool
 	// DefaultOutputBytes caps a job's output when the request sets no cap (default 1 GiB).
 	DefaultOutputBytes int64
-	// RunnerDeadline is how long a runner may stay silent before it is gone and its jobs lost (15 s).
+	// RunnerDeadline is how long a runner may stay silent before it is gone and its jobs lost
+	// (proto.DefaultRunnerDeadline, 8 s).
 	RunnerDeadline time.Duration
 	// StartDeadline is how long a taken job may wait for its start event before it is lost (60 s).
 	StartDeadline time.Duration
@@ -215,6 +216,8 @@ type liveJob struct {
 	inputSince  time.Time
 	activitySeq int64
 	portsSeen   map[string]bool
+	// clock is what this coordinator measured of the job's stages (Job.Timings).
+	clock clock
 }
 
 // span is a byte range [off, end) of a job's output.
@@ -371,6 +374,9 @@ type StartResult struct {
 	Backgrounded            bool
 	// Replayed: the start repeated an earlier one's Idempotency-Key, and Job is that start's job.
 	Replayed bool
+	// Accepted is when this coordinator accepted the start, the origin of Job.Timings, for the
+	// reply's own stage (reply_us); zero for a replayed start.
+	Accepted time.Time
 }
 
 // Start validates the request, records the job, queues it and, when asked, waits for it to end.
@@ -381,6 +387,8 @@ func (s *Service) Start(ctx context.Context, req StartRequest) (*StartResult, er
 // startJob is Start; queued, when set, is called with the job's id once the job is queued, before
 // the wait of BlockUntil.
 func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id string)) (*StartResult, error) {
+	// The origin of the job's Timings: the real clock, with its monotonic reading, whatever cfg.Now is.
+	accepted := time.Now()
 	if err := req.validate(s.cfg.CheckCwd, s.cfg.MinDebounce); err != nil {
 		return nil, err
 	}
@@ -424,7 +432,9 @@ func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id
 		s.mu.Unlock()
 		return nil, err
 	}
-	l := &liveJob{job: job, changed: make(chan struct{}), watch: newOutputWatch(job, &s.cfg), lastGrowth: now}
+	l := &liveJob{job: job, changed: make(chan struct{}), watch: newOutputWatch(job, &s.cfg), lastGrowth: now, clock: clock{accepted: accepted}}
+	l.clock.stored = l.clock.since(time.Now()) // stored with the job's next change, as WorkSeq
+	l.retimeLocked()
 	if req.BlockUntil > 0 {
 		// The caller observes from now on: a job that ends before the wait below begins is seen too.
 		l.observers++
@@ -445,12 +455,14 @@ func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id
 	}
 	s.mu.Lock()
 	job.WorkSeq = seq // persisted with the job's next change
+	l.clock.published = l.clock.since(time.Now())
+	l.retimeLocked()
 	s.mu.Unlock()
 	if queued != nil {
 		queued(job.ID)
 	}
 
-	res := &StartResult{Job: s.snapshot(job.ID, job)}
+	res := &StartResult{Job: s.snapshot(job.ID, job), Accepted: accepted}
 	if req.BlockUntil > 0 {
 		w, err := s.wait(ctx, job.ID, l, req.BlockUntil, WaitCond{})
 		if err != nil {
@@ -848,6 +860,7 @@ func (s *Service) checkOwnerLocked(j *Job, kind, runner, claim string) error {
 // must be the runner the adapter knows sent it (the event subject's); an event whose claim or
 // runner is not its job's is ErrForged.
 func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
+	received := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l, ok := s.live[e.JobID]
@@ -867,6 +880,8 @@ func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
 	}
 	j := l.job
 	at := e.Time
+	l.clock.event(e.Stages, received)
+	l.retimeLocked()
 	switch e.Kind {
 	case proto.EventAccepted:
 		if j.Status != StatusQueued {
@@ -970,6 +985,8 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	if err := s.out.End(j); err != nil {
 		return err
 	}
+	l.clock.exitStored = l.clock.since(time.Now())
+	l.retimeLocked()
 	if err := s.jobs.PutJob(ctx, j); err != nil {
 		return err
 	}
@@ -1053,6 +1070,10 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 		l.errSpans = append(l.errSpans, span{c.Offset, end})
 	}
 	if l.wrote(c.Offset, end) {
+		if old == 0 {
+			l.clock.firstOutput = l.clock.since(time.Now())
+			l.retimeLocked()
+		}
 		s.liveOutput += l.size - old
 		if s.outputTotal+s.liveOutput > s.cfg.OutputBudget && !l.budgetCut && l.job.Runner != "" {
 			// The job that writes past the budget is stopped; quiet jobs go on.

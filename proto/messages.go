@@ -323,6 +323,44 @@ type Event struct {
 	Seq        int64      `json:"seq,omitempty"`
 	InputSince *time.Time `json:"input_since,omitempty"`
 	Ports      []Port     `json:"ports,omitempty"`
+	// Stages (accepted, started and exited events) say when the job passed each step on the runner.
+	// Optional: an event without them is still valid.
+	Stages *Stages `json:"stages,omitempty"`
+}
+
+// Stages are when a job passed each step on its runner, in µs since the runner took its work, by
+// the runner host's CLOCK_MONOTONIC (the stamps of sandbox.Process.Stages, which the kernel gave,
+// less the runner's own reading when it took the work): offsets from one clock, so that no clock
+// of the runner need agree with the coordinator's. 0: not passed yet, or not reported (a job
+// without a process). The coordinator places them on its own clock through SentUS (Job.Timings).
+type Stages struct {
+	// CgroupUS: the job's cgroup was ready (its init step joined it, or a warm one's got its limits).
+	CgroupUS int64 `json:"cgroup_us,omitempty"`
+	// ExecUS: the job's process was about to execute its program.
+	ExecUS int64 `json:"exec_us,omitempty"`
+	// ExitUS: the job's program exited (exited events).
+	ExitUS int64 `json:"exit_us,omitempty"`
+	// SentUS: the runner made this event to publish it.
+	SentUS int64 `json:"sent_us"`
+}
+
+// MaxStageUS bounds a stage: a week, beyond MaxTimeoutMS.
+const MaxStageUS = 8 * 24 * 3600 * 1_000_000
+
+// Validate checks that every stage is in range and none comes after the event was sent.
+func (s *Stages) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"cgroup_us", s.CgroupUS}, {"exec_us", s.ExecUS}, {"exit_us", s.ExitUS}, {"sent_us", s.SentUS}} {
+		if f.v < 0 || f.v > MaxStageUS {
+			return invalid("stages.%s %d out of range [0, %d]", f.name, f.v, MaxStageUS)
+		}
+		if f.v > s.SentUS {
+			return invalid("stages.%s %d is after stages.sent_us %d", f.name, f.v, s.SentUS)
+		}
+	}
+	return nil
 }
 
 var reasons = map[string]bool{
@@ -348,6 +386,14 @@ func (e *Event) Validate() error {
 	}
 	if e.Time.IsZero() {
 		return invalid("time is missing")
+	}
+	if e.Stages != nil {
+		if e.Kind != EventAccepted && e.Kind != EventStarted && e.Kind != EventExited {
+			return invalid("a %s event has no stages", e.Kind)
+		}
+		if err := e.Stages.Validate(); err != nil {
+			return err
+		}
 	}
 	switch e.Kind {
 	case EventAccepted:
@@ -641,10 +687,29 @@ func DecodeHeartbeat(data []byte) (*Heartbeat, error) {
 const MaxHeartbeatJobs = 4096
 
 // DefaultRunnerDeadline is how long a runner may go unheard before the coordinator marks its jobs
-// lost, and how long a runner cut off from NATS keeps its jobs before it kills them itself: both
-// sides default to the same value (sbx's --runner-deadline), so that a runner has fenced itself by
-// the time its jobs are declared lost.
-const DefaultRunnerDeadline = 15 * time.Second
+// lost (sbx's --runner-deadline, the same on both sides). A runner derives its heartbeat interval
+// (HeartbeatInterval) and its fence (RunnerFenceAfter) from it, so that its jobs are dead by the time
+// they are declared lost: 8 s gives a heartbeat every 2 s and a fence at 6 s, and a runner killed
+// with kill -9 is reported lost within 10 s.
+const DefaultRunnerDeadline = 8 * time.Second
+
+// MinRunnerDeadline is the shortest runner deadline a coordinator or runner accepts: below it a
+// heartbeat interval (a quarter of it) is shorter than a round trip to NATS under load.
+const MinRunnerDeadline = 100 * time.Millisecond
+
+// HeartbeatInterval is the time between a runner's heartbeats for a runner deadline: 2 s, or a
+// quarter of the deadline when that is shorter, so that one late heartbeat is not a missed deadline.
+func HeartbeatInterval(deadline time.Duration) time.Duration {
+	return min(2*time.Second, deadline/4)
+}
+
+// RunnerFenceAfter is how long a runner's jobs may go on without a heartbeat that NATS confirmed
+// before its fence kills them: one heartbeat interval before the deadline, so that they are dead when
+// the coordinator, which heard that heartbeat no later than the runner's confirmation, declares them
+// lost.
+func RunnerFenceAfter(deadline time.Duration) time.Duration {
+	return deadline - HeartbeatInterval(deadline)
+}
 
 // Encode marshals any message of this package. Marshalling these types cannot fail.
 func Encode(v any) []byte {

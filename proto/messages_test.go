@@ -116,6 +116,12 @@ func TestEventValidate(t *testing.T) {
 		{"unknown kind", Event{V: 1, Kind: "x", JobID: "j", Runner: "r", Claim: testClaim, Time: now}, false},
 		{"no time", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Claim: testClaim}, false},
 		{"no claim", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Time: now}, false},
+		{"exited with stages", Event{V: 1, Kind: EventExited, JobID: "j", Runner: "r", Claim: testClaim, Time: now, ExitCode: &code, Reason: ReasonExit,
+			Stages: &Stages{CgroupUS: 300, ExecUS: 900, ExitUS: 2000, SentUS: 2100}}, true},
+		{"accepted with sent_us alone", Event{V: 1, Kind: EventAccepted, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Stages: &Stages{SentUS: 40}}, true},
+		{"negative stage", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Stages: &Stages{ExecUS: -1, SentUS: 5}}, false},
+		{"stage after sent", Event{V: 1, Kind: EventStarted, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Stages: &Stages{ExecUS: 9, SentUS: 5}}, false},
+		{"stages on activity", Event{V: 1, Kind: EventActivity, JobID: "j", Runner: "r", Claim: testClaim, Time: now, Seq: 1, Stages: &Stages{SentUS: 5}}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -330,5 +336,20 @@ func TestHeartbeatJobs(t *testing.T) {
 	}
 	if _, err := DecodeHeartbeat(Encode(&bad)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "jobs") {
 		t.Errorf("too many jobs: %v", err)
+	}
+}
+
+// TestRunnerTimes: the heartbeat interval and the fence derive from the runner deadline, the fence
+// firing a heartbeat interval before the deadline.
+func TestRunnerTimes(t *testing.T) {
+	for _, c := range []struct{ deadline, beat, fence time.Duration }{
+		{DefaultRunnerDeadline, 2 * time.Second, 6 * time.Second},
+		{2 * time.Second, 500 * time.Millisecond, 1500 * time.Millisecond},
+		{time.Hour, 2 * time.Second, time.Hour - 2*time.Second},
+		{MinRunnerDeadline, 25 * time.Millisecond, 75 * time.Millisecond},
+	} {
+		if b, f := HeartbeatInterval(c.deadline), RunnerFenceAfter(c.deadline); b != c.beat || f != c.fence {
+			t.Errorf("deadline %s: heartbeat %s, fence %s; want %s, %s", c.deadline, b, f, c.beat, c.fence)
+		}
 	}
 }

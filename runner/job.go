@@ -28,6 +28,8 @@ type job struct {
 	id string
 	// claim is the work's claim token, echoed in every event and chunk of the job.
 	claim string
+	// taken is when the runner took the work (sandbox.Monotonic): the origin of the job's stages.
+	taken time.Duration
 
 	mu     sync.Mutex
 	proc   process // nil until started
@@ -39,6 +41,9 @@ type job struct {
 	inClosed bool
 	// tty: the job runs on a terminal, whose input is closed by typing ^D rather than by closing it.
 	tty bool
+	// fence is the runner's fence process when the job started: when it fired, the job was killed as
+	// lost, by it or by the runner.
+	fence *sandbox.Fence
 }
 
 // stop ends the job for a reason; the first reason given is the one reported. It reports whether
@@ -71,6 +76,7 @@ func (j *job) signal(sig syscall.Signal) error {
 // run takes one work message: it announces the job, acks the message (a command starts at most once),
 // starts the process, streams its output and reports its end.
 func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
+	taken := sandbox.Monotonic()
 	w, err := proto.DecodeWork(msg.Data())
 	if err != nil {
 		r.cfg.Logger.Error("dropping undecodable work", "subject", msg.Subject(), "err", err)
@@ -91,13 +97,13 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 			return
 		}
 	}
-	j := &job{id: w.JobID, claim: w.Claim, tty: w.TTY}
+	j := &job{id: w.JobID, claim: w.Claim, tty: w.TTY, taken: taken, fence: r.guard.Load()}
 	r.mu.Lock()
 	r.jobs[j.id] = j
 	r.mu.Unlock()
 	defer r.forget(j.id)
 
-	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventAccepted, JobID: j.id, Claim: j.claim}); err != nil {
+	if err := r.publishEvent(ctx, &proto.Event{Kind: proto.EventAccepted, JobID: j.id, Claim: j.claim, Stages: j.stages(sandbox.Stages{})}); err != nil {
 		log.Warn("announce job", "err", err)
 		_ = msg.Nak()
 		return
@@ -114,13 +120,13 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	stoppedEarly := j.reason
 	j.mu.Unlock()
 	if stoppedEarly != "" {
-		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: stoppedEarly, Error: j.why})
+		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: stoppedEarly, Error: j.why, Stages: j.stages(sandbox.Stages{})})
 		return
 	}
 	proc, err := r.start(w)
 	if err != nil {
 		log.Warn("start job", "err", err)
-		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: proto.ReasonStartFailed, Error: err.Error()})
+		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: proto.ReasonStartFailed, Error: err.Error(), Stages: j.stages(sandbox.Stages{})})
 		return
 	}
 	j.mu.Lock()
@@ -145,7 +151,7 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		}
 		waited <- res
 	}()
-	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Claim: j.claim, Pid: proc.Pid()})
+	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Claim: j.claim, Pid: proc.Pid(), Stages: j.stages(proc.Stages())})
 	stopWatching := r.watchActivity(ctx, j, w, proc, log)
 	written := r.pump(ctx, j, proc, started, w.Limits.OutputBytes, log)
 	res := <-waited
@@ -156,6 +162,9 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 	j.mu.Unlock()
 	switch {
 	case reason != "":
+	case res.Signal == int(syscall.SIGKILL) && j.fence != nil && j.fence.Fired():
+		// Killed by the fence before the runner's own check came to it.
+		reason, why = proto.ReasonLost, r.fencedWhy(fmt.Sprintf("over %s", r.fenceAfter))
 	case res.OOMKilled:
 		reason, why = proto.ReasonOOM, "the memory limit was reached"
 	case res.Signal != 0:
@@ -168,7 +177,21 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		Kind: proto.EventExited, JobID: j.id, Claim: j.claim, ExitCode: &code, Signal: res.Signal, Reason: reason, Error: why,
 		OutputBytes: written,
 		Usage:       &proto.Usage{CPUMS: res.CPU.Milliseconds(), MemoryPeakBytes: res.MemoryPeak},
+		Stages:      j.stages(proc.Stages()),
 	})
+}
+
+// stages are the job's stages for an event made now: each as µs since the job's work was taken,
+// by the one clock of this host, and SentUS now. Every stamp of st comes after taken; max keeps a
+// stage from going negative, which the event's decoding refuses, whatever the clock did.
+func (j *job) stages(st sandbox.Stages) *proto.Stages {
+	since := func(at time.Duration) int64 {
+		if at == 0 {
+			return 0
+		}
+		return max(at-j.taken, 0).Microseconds()
+	}
+	return &proto.Stages{CgroupUS: since(st.Cgroup), ExecUS: since(st.Exec), ExitUS: since(st.Exit), SentUS: since(sandbox.Monotonic())}
 }
 
 // confirmRetry is how long work that could not be confirmed waits before it is delivered again.

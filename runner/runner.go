@@ -65,18 +65,16 @@ type Config struct {
 	// that name one; readonly jobs do not see them at all (they are added to Cgroup.Hide). What keeps
 	// a plain job out is the files' modes and the job's user, which is never root unless AllowRoot.
 	Secrets []string
-	// HeartbeatInterval is the time between heartbeats (2 s, or a fifth of FenceAfter when that is
-	// shorter).
+	// Deadline is the coordinator's runner deadline (proto.DefaultRunnerDeadline, 8 s): how long the
+	// runner may go unheard before its jobs are marked lost. The heartbeat interval and the fence
+	// derive from it.
+	Deadline time.Duration
+	// HeartbeatInterval is the time between heartbeats (proto.HeartbeatInterval of Deadline: 2 s).
 	HeartbeatInterval time.Duration
 	// DrainTimeout, when positive, makes the end of Run's context a drain: the runner takes no more
 	// work, says draining in its heartbeats, and lets its jobs run up to DrainTimeout before it
 	// kills those left (reason killed). Zero: it kills its jobs at once.
 	DrainTimeout time.Duration
-	// FenceAfter is how long the runner may go without reaching NATS (a heartbeat that the server
-	// acknowledged) before it kills its jobs as lost (15 s, the coordinator's default runner
-	// deadline, after which the coordinator marks them lost): a job the coordinator gave up on
-	// must not run on unseen. Negative: never.
-	FenceAfter time.Duration
 	// Coalesce is how long output is gathered into one chunk after its first byte (2 ms).
 	Coalesce time.Duration
 	// PublishWindow is the number of output chunks in flight before the runner waits for acks (64).
@@ -158,16 +156,14 @@ func (c *Config) setDefaults() error {
 	if c.Environ == nil {
 		c.Environ = os.Environ()
 	}
-	if c.FenceAfter == 0 {
-		c.FenceAfter = proto.DefaultRunnerDeadline
+	if c.Deadline == 0 {
+		c.Deadline = proto.DefaultRunnerDeadline
+	}
+	if c.Deadline < proto.MinRunnerDeadline {
+		return fmt.Errorf("deadline %s must be at least %s", c.Deadline, proto.MinRunnerDeadline)
 	}
 	if c.HeartbeatInterval == 0 {
-		// Several heartbeats per deadline, so that one late tick is not a missed deadline, on either
-		// side: 2 s for the default 15 s.
-		c.HeartbeatInterval = 2 * time.Second
-		if c.FenceAfter > 0 {
-			c.HeartbeatInterval = min(c.HeartbeatInterval, c.FenceAfter/5)
-		}
+		c.HeartbeatInterval = proto.HeartbeatInterval(c.Deadline)
 	}
 	if c.Coalesce == 0 {
 		c.Coalesce = 2 * time.Millisecond
@@ -206,6 +202,12 @@ type Runner struct {
 	wg    sync.WaitGroup
 	// draining is set once Run's context ended with a DrainTimeout: heartbeats say so.
 	draining atomic.Bool
+	// fenceAfter is how long the jobs may go on without a heartbeat that NATS confirmed
+	// (proto.RunnerFenceAfter of Deadline: 6 s); guard is the fence process that enforces it even
+	// while the runner cannot (sandbox.StartFence), renewed by the heartbeats and replaced by them
+	// once it fired. It is nil outside Run, and while a fence that fired could not be replaced.
+	fenceAfter time.Duration
+	guard      atomic.Pointer[sandbox.Fence]
 
 	mu   sync.Mutex
 	jobs map[string]*job
@@ -236,7 +238,7 @@ func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return &Runner{
-		cfg: cfg, nc: nc, js: js, work: work, mgr: mgr, boot: time.Now(),
+		cfg: cfg, nc: nc, js: js, work: work, mgr: mgr, boot: time.Now(), fenceAfter: proto.RunnerFenceAfter(cfg.Deadline),
 		slots: make(chan struct{}, cfg.Slots), jobs: map[string]*job{},
 	}, nil
 }
@@ -244,15 +246,29 @@ func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 // ID is the runner's id.
 func (r *Runner) ID() string { return r.cfg.ID }
 
-// Run sweeps the cgroups of an earlier life, registers the control service, heartbeats and runs work
-// until ctx ends; then it drains (see DrainTimeout), kills its jobs, reports their ends and returns.
-// Heartbeats, control requests and the jobs' events go on until the jobs are over.
+// Run sweeps the cgroups of an earlier life, starts the fence, registers the control service,
+// heartbeats and runs work until ctx ends; then it drains (see DrainTimeout), kills its jobs, reports
+// their ends and returns. Heartbeats, control requests and the jobs' events go on until the jobs are
+// over.
 func (r *Runner) Run(ctx context.Context) error {
-	defer r.mgr.Close() // its warm init steps; the jobs are over when Run returns
+	defer func() {
+		r.mgr.Close() // its warm init steps; the jobs are over when Run returns
+		// Then the fence, which kills what is left under the cgroup root as it ends: nothing.
+		if f := r.guard.Swap(nil); f != nil {
+			if err := f.Close(); err != nil {
+				r.cfg.Logger.Error("fence", "err", err)
+			}
+		}
+	}()
 	swept, err := r.mgr.Sweep()
 	if err != nil {
 		return fmt.Errorf("sweep cgroups: %w", err)
 	}
+	f, err := r.mgr.StartFence(r.fenceAfter)
+	if err != nil {
+		return err
+	}
+	r.guard.Store(f)
 	if swept > 0 {
 		r.cfg.Logger.Warn("killed jobs of an earlier life", "cgroups", swept)
 	}
@@ -439,16 +455,18 @@ func (r *Runner) take(ctx, jobCtx context.Context, cons jetstream.Consumer) {
 	}
 }
 
-// heartbeat announces the runner until ctx ends, and fences the runner's jobs when it has not reached
-// NATS for FenceAfter. A heartbeat counts as reaching NATS once the server answered the flush that
-// follows it. The check comes before each heartbeat, so a runner that was stopped (SIGSTOP, a frozen
-// VM) past the deadline kills its jobs on waking, before its first heartbeat says it is back.
+// heartbeat announces the runner until ctx ends, renews the fence after each heartbeat that reached
+// NATS, and fences the runner's jobs itself when it has not reached NATS for fenceAfter. A heartbeat
+// counts as reaching NATS once the server answered the flush that follows it. The fence process
+// kills the jobs at the same time while the runner lives, and alone while it is stopped (SIGSTOP, a
+// hung host) or dead; the runner's own check, before each heartbeat, gives the jobs it finds their
+// reason, lost.
 func (r *Runner) heartbeat(ctx context.Context) {
 	t := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer t.Stop()
 	reached := time.Now()
 	for {
-		if r.cfg.FenceAfter > 0 && time.Since(reached) > r.cfg.FenceAfter {
+		if time.Since(reached) > r.fenceAfter {
 			r.fence(time.Since(reached))
 		}
 		r.mu.Lock()
@@ -473,6 +491,7 @@ func (r *Runner) heartbeat(ctx context.Context) {
 			r.cfg.Logger.Warn("heartbeat", "err", err)
 		} else {
 			reached = time.Now()
+			r.renewFence()
 		}
 		select {
 		case <-t.C:
@@ -482,20 +501,49 @@ func (r *Runner) heartbeat(ctx context.Context) {
 	}
 }
 
-// fence kills every job of the runner as lost: it has not reached NATS for silent, past FenceAfter,
-// so the coordinator has given them up. Their ends are reported once NATS is back.
+// renewFence renews the fence process, or replaces one that fired or died: a runner that was
+// stopped past fenceAfter comes back to jobs the fence killed and starts a new one for the next. It
+// waits for a fence that fired to end, that is for its kills to be done.
+func (r *Runner) renewFence() {
+	f := r.guard.Load()
+	if f != nil {
+		err := f.Renew()
+		if err == nil {
+			return
+		}
+		r.cfg.Logger.Warn("fence gone: starting another", "err", err)
+		r.guard.Store(nil)
+		if err := f.Close(); err != nil {
+			r.cfg.Logger.Error("fence", "err", err)
+		}
+	}
+	f, err := r.mgr.StartFence(r.fenceAfter)
+	if err != nil {
+		r.cfg.Logger.Error("start fence: the jobs have none until the next heartbeat", "err", err)
+		return
+	}
+	r.guard.Store(f)
+}
+
+// fence kills every job of the runner as lost: it has not reached NATS for silent, past fenceAfter,
+// so the coordinator gives them up. Their ends are reported once NATS is back.
 func (r *Runner) fence(silent time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
 	for _, j := range r.jobs {
-		if j.stop(proto.ReasonLost, fmt.Sprintf("runner %s could not reach NATS for %s (deadline %s) and killed its jobs", r.cfg.ID, silent.Round(time.Second), r.cfg.FenceAfter)) {
+		if j.stop(proto.ReasonLost, r.fencedWhy(silent.Round(time.Second).String())) {
 			n++
 		}
 	}
 	if n > 0 {
 		r.cfg.Logger.Error("cut off from NATS past the deadline: killed the jobs", "jobs", n, "silent", silent.Round(time.Millisecond))
 	}
+}
+
+// fencedWhy is the error of a job fenced after the runner did not reach NATS for silent.
+func (r *Runner) fencedWhy(silent string) string {
+	return fmt.Sprintf("runner %s could not reach NATS for %s (fence %s, deadline %s) and its jobs were killed", r.cfg.ID, silent, r.fenceAfter, r.cfg.Deadline)
 }
 
 // readonlyVerdict is what the start-up probe found: ok, or the reason readonly jobs cannot run here.

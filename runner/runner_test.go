@@ -266,12 +266,23 @@ func TestRunJob(t *testing.T) {
 			}
 			h.mu.Lock()
 			kinds := []string{}
+			var stages []*proto.Stages
 			for _, e := range h.events[id] {
 				kinds = append(kinds, e.Kind)
+				stages = append(stages, e.Stages)
 			}
 			h.mu.Unlock()
 			if strings.Join(kinds, ",") != "accepted,started,exited" {
 				t.Fatalf("events %v", kinds)
+			}
+			// Each event carries the job's stages so far, in order, on one clock.
+			acc, st, ex := stages[0], stages[1], stages[2]
+			if acc == nil || st == nil || ex == nil {
+				t.Fatalf("stages %+v %+v %+v", acc, st, ex)
+			}
+			if !(acc.SentUS > 0 && acc.SentUS <= st.CgroupUS && st.CgroupUS <= st.ExecUS && st.ExecUS <= st.SentUS &&
+				ex.CgroupUS == st.CgroupUS && ex.ExecUS == st.ExecUS && st.ExecUS <= ex.ExitUS && ex.ExitUS <= ex.SentUS) {
+				t.Fatalf("stages not in order: accepted %+v, started %+v, exited %+v", acc, st, ex)
 			}
 		})
 	}

@@ -26,6 +26,7 @@ type process interface {
 	Signal(syscall.Signal) error
 	Kill() error
 	Wait() (sandbox.Result, error)
+	Stages() sandbox.Stages
 }
 
 var (
@@ -113,6 +114,9 @@ func (s *wsSource) read(ctx context.Context, conn *websocket.Conn, pw *io.PipeWr
 
 // Pid is 0: there is no process.
 func (s *wsSource) Pid() int { return 0 }
+
+// Stages are none: the source has no cgroup and executes nothing.
+func (s *wsSource) Stages() sandbox.Stages { return sandbox.Stages{} }
 
 // Output is the messages, one line each at least.
 func (s *wsSource) Output() io.Reader { return s.out }

@@ -25,10 +25,12 @@ import (
 // invisible to the job and out of its reach (kill, ptrace, /proc/PID/environ), whatever user both
 // run as; the host's processes likewise.
 //
-// The init reports on statusFD, in order: '+' once it joined its cgroups (a warm step then waits for
-// its job), "pid N\n" with the job's pid as the host sees it once the program was executed, or else
-// the reason it was not, as text, and then "status W\n", the job's wait status, when the job's
-// process ends. It ignores every signal the host sends it but SIGKILL, as pid 1 of a namespace does
+// The init reports on statusFD, in order: "+T\n" once it joined its cgroups (a warm step then waits
+// for its job), "pid N T\n" with the job's pid as the host sees it once the program was executed, or
+// else the reason it was not, as text, and then "status W T\n", the job's wait status, when the job's
+// process ends. Each T is CLOCK_MONOTONIC in nanoseconds when the init (or the job's process, about
+// to execute its program) wrote the message: Process.Stages are the kernel's times, not when the
+// runner came to read them. It ignores every signal the host sends it but SIGKILL, as pid 1 of a namespace does
 // by default, so that a kill's SIGTERM reaches the job's processes only; when it dies the kernel kills
 // everything in its namespace.
 const (
@@ -146,10 +148,14 @@ func parseJobMessage(b []byte) (job, error) {
 // the job's cgroups; nothing it runs can fork before the join, so nothing escapes.
 //
 // Run as the readonly probe (argv[1] probeArg, see ProbeReadonly) it checks the sandbox from inside
-// and exits.
+// and exits; run as a fence (argv[0] fenceArg0, see StartFence) it watches its runner until it
+// fires or the runner is gone, and exits.
 func MaybeInit() {
 	if len(os.Args) == 2 && os.Args[1] == probeArg {
 		os.Exit(probe(os.Stdout))
+	}
+	if len(os.Args) > 0 && os.Args[0] == fenceArg0 {
+		os.Exit(fenceMain(os.Args[1:]))
 	}
 	if len(os.Args) == 0 || os.Args[0] != initArg0 {
 		return
@@ -182,7 +188,7 @@ func initMain(args []string) (int, error) {
 		}
 	}
 	status := os.NewFile(statusFD, "status")
-	if _, err := status.Write([]byte{'+'}); err != nil {
+	if _, err := fmt.Fprintf(status, "+%d\n", int64(Monotonic())); err != nil {
 		return 1, fmt.Errorf("init: status pipe: %w", err)
 	}
 	in := os.NewFile(jobFD, "job")
@@ -227,6 +233,8 @@ func initMain(args []string) (int, error) {
 	if err != nil {
 		return 1, fmt.Errorf("exec %s: %w", j.path, err)
 	}
+	// ForkExec returns once the program is executed: the nearest this init can stamp it.
+	execAt := Monotonic()
 	host, err := hostChild(oldproc)
 	if err != nil {
 		return 1, err
@@ -237,7 +245,7 @@ func initMain(args []string) (int, error) {
 			unix.Close(fd)
 		}
 	}
-	if _, err := fmt.Fprintf(status, "pid %d\n", host); err != nil {
+	if _, err := fmt.Fprintf(status, "pid %d %d\n", host, int64(execAt)); err != nil {
 		return 1, nil
 	}
 	code := 1
@@ -251,7 +259,7 @@ func initMain(args []string) (int, error) {
 			return code, nil // ECHILD: the namespace is empty
 		}
 		if w == pid {
-			fmt.Fprintf(status, "status %d\n", int(ws))
+			fmt.Fprintf(status, "status %d %d\n", int(ws), int64(Monotonic()))
 			code = ws.ExitStatus()
 			if ws.Signaled() {
 				code = 128 + int(ws.Signal())

@@ -24,6 +24,7 @@ package sandbox
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 // sbx_fail_fd is where sbx_init_fail reports: the status pipe (fd 3), or in the job's child before
@@ -41,6 +42,13 @@ static void sbx_init_fail(const char *what, const char *arg) {
 		(void)w;
 	}
 	_exit(1);
+}
+
+// sbx_now is CLOCK_MONOTONIC in nanoseconds: the stamps of the status messages (Process.Stages).
+static long long sbx_now(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 // sbx_join writes this process's pid into each of n cgroup.procs files.
@@ -181,7 +189,8 @@ static void sbx_write(int fd, const char *buf, size_t len) {
 // Setsid and Setctty do, so that the kernel sends it SIGWINCH on a resize and SIGHUP when the
 // terminal goes; the init, not a session leader, never gets one. Before the exec it writes its pid
 // as the host sees it ("pid N\n", read through the host's /proc, still open as oldproc) on fd; a
-// failure after that follows it as text.
+// failure after that follows it as text. The line is stamped when it is written ("pid N T\n", T
+// from sbx_now): the program is executed right after, without waiting for anything.
 static void sbx_run_job(int fd, int oldproc, int tty, char *cred, char *dir, char *path, char **argv, char **envp) {
 	sbx_fail_fd = fd;
 	close(3);
@@ -193,12 +202,12 @@ static void sbx_run_job(int fd, int oldproc, int tty, char *cred, char *dir, cha
 			sbx_init_fail("init: controlling terminal", "TIOCSCTTY");
 	} else if (setpgid(0, 0) < 0)
 		sbx_init_fail("init:", "setpgid");
-	char self[32], line[48];
+	char self[32], line[80];
 	ssize_t n = readlinkat(oldproc, "self", self, sizeof self - 1);
 	if (n <= 0)
 		sbx_init_fail("init: read host pid from", "/proc/self");
 	self[n] = '\0';
-	int len = snprintf(line, sizeof line, "pid %s\n", self);
+	int len = snprintf(line, sizeof line, "pid %s %lld\n", self, sbx_now());
 	sbx_write(fd, line, len);
 	close(oldproc);
 	sbx_drop(cred);
@@ -210,11 +219,11 @@ static void sbx_run_job(int fd, int oldproc, int tty, char *cred, char *dir, cha
 
 // sbx_init_main is the init step: pid 1 of a new pid and mount namespace (Start clones it so), in
 // the job's cgroups once n cgroup.procs files are joined (v1; v2 clones it into the cgroup). It tells
-// the runner it joined ('+' on fd 3), reads the job on fd 5: NUL-terminated fields seccomp, tty,
+// the runner it joined ("+T\n" on fd 3, T from sbx_now), reads the job on fd 5: NUL-terminated fields seccomp, tty,
 // credential, dir, path, argc, argv..., envc, env... (jobMessage; a warm step waits there until a job
 // comes), makes every mount private and mounts a fresh /proc, so that the job sees its own processes
 // only, and starts the job's program as its child. It reports "pid N\n" (the job's pid on the host)
-// or a failure, then "status W\n" (the job's wait status) when the job's process ends, and reaps
+// or a failure, then "status W T\n" (the job's wait status, stamped when it was reaped) when the job's process ends, and reaps
 // whatever else is left until the namespace is empty. Descriptors 4 and 6 hold a readonly job's
 // seccomp program and environment (bwrap's --args); they are closed unless the seccomp field is "1".
 static void sbx_init_main(long n, char **procs) {
@@ -222,7 +231,9 @@ static void sbx_init_main(long n, char **procs) {
 	if (getpid() != 1)
 		sbx_init_fail("init:", "not pid 1 of a new pid namespace");
 	sbx_join(n, procs);
-	if (write(3, "+", 1) != 1)
+	char joined[32];
+	int jlen = snprintf(joined, sizeof joined, "+%lld\n", sbx_now());
+	if (write(3, joined, jlen) != jlen)
 		sbx_init_fail("init:", "status pipe");
 	size_t len;
 	char *buf = sbx_read_all(5, &len, "job message");
@@ -304,8 +315,8 @@ static void sbx_init_main(long n, char **procs) {
 		if (w < 0)
 			break; // ECHILD: the namespace is empty
 		if (w == job) {
-			char line[32];
-			int l = snprintf(line, sizeof line, "status %d\n", st);
+			char line[64];
+			int l = snprintf(line, sizeof line, "status %d %lld\n", st, sbx_now());
 			sbx_write(3, line, l);
 			code = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
 		}

@@ -2,9 +2,10 @@
 // inside them, limited, accounted, and killed as a whole, on cgroup v1 (legacy or hybrid) and v2.
 //
 // A runner calls MaybeInit first thing in main (every job starts through a re-executed copy of the
-// binary), makes one Manager, calls Sweep once to clear what an earlier life left, ProbeReadonly once
-// to learn whether readonly jobs (Spec.Readonly: bwrap and a seccomp filter) can run here, and then,
-// per job, Start, reads Output to EOF while calling Wait, and Kill to cancel.
+// binary), makes one Manager, calls Sweep once to clear what an earlier life left, StartFence to have
+// its jobs killed when it stops renewing the fence or dies (fence.go), ProbeReadonly once to learn
+// whether readonly jobs (Spec.Readonly: bwrap and a seccomp filter) can run here, and then, per job,
+// Start, reads Output to EOF while calling Wait, and Kill to cancel.
 package sandbox
 
 import (
@@ -72,6 +73,8 @@ type Manager struct {
 	hide    []string
 	ro      readonlyTools
 	warm    *warmPool // nil on v2, without cgo, or with Config.Warm < 0
+	// where is the Root, Version and Mountpoint in use, from which a fence finds the same cgroups.
+	where Config
 
 	// mu guards live, the ids of jobs this Manager is running, so that Sweep spares them.
 	mu   sync.Mutex
@@ -121,7 +124,10 @@ func NewManager(cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("%w: no cgroup mount at /sys/fs/cgroup", ErrNoCgroups)
 		}
 	}
-	m := &Manager{version: cfg.Version, grace: cfg.KillGrace, bwrap: cfg.Bwrap, hide: slices.Clone(cfg.Hide), live: make(map[string]bool)}
+	m := &Manager{
+		version: cfg.Version, grace: cfg.KillGrace, bwrap: cfg.Bwrap, hide: slices.Clone(cfg.Hide), live: make(map[string]bool),
+		where: Config{Root: cfg.Root, Version: cfg.Version, Mountpoint: cfg.Mountpoint},
+	}
 	var err error
 	switch cfg.Version {
 	case "v1":
@@ -204,7 +210,11 @@ func (m *Manager) Describe() string { return m.h.describe() }
 // Sweep kills every process in every job cgroup under Root that this Manager is not running — what an
 // earlier life of the runner left behind — and removes those cgroups. It reports how many it removed.
 // It holds off Start while it runs, so that it never sweeps a job that is starting.
-func (m *Manager) Sweep() (int, error) {
+func (m *Manager) Sweep() (int, error) { return m.sweep(true) }
+
+// sweep kills every process in every job cgroup under Root that this Manager is not running and,
+// with remove, removes those cgroups. It reports how many it killed.
+func (m *Manager) sweep(remove bool) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	names, err := m.h.leftovers()
@@ -230,9 +240,11 @@ func (m *Manager) Sweep() (int, error) {
 			errs = append(errs, fmt.Errorf("sweep %s: %w", name, err))
 			continue
 		}
-		if err := g.remove(); err != nil {
-			errs = append(errs, fmt.Errorf("sweep %s: %w", name, err))
-			continue
+		if remove {
+			if err := g.remove(); err != nil {
+				errs = append(errs, fmt.Errorf("sweep %s: %w", name, err))
+				continue
+			}
 		}
 		n++
 	}

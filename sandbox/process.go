@@ -68,6 +68,7 @@ type Process struct {
 	release func()
 
 	mu      sync.Mutex
+	stages  Stages         // set as the init step reports them
 	exited  bool           // the job's program has exited: its pid may be reused, never signal it
 	killing bool           // Kill has started escalate
 	killAt  time.Time      // when a kill's grace ends and everything left gets SIGKILL
@@ -266,22 +267,56 @@ func (p *Process) follow(r *bufio.Reader) (syscall.WaitStatus, bool) {
 		}
 		return failed(rest(string(b)))
 	}
-	p.joined <- nil
 	line, err := r.ReadString('\n')
-	pid, perr := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(line, "pid "), "\n"))
-	if err != nil || !strings.HasPrefix(line, "pid ") || perr != nil {
+	joinedAt, ok := parseReport(line, "")
+	if err != nil || !ok {
+		return failed(rest("+" + line))
+	}
+	p.mu.Lock()
+	p.stages.Cgroup = joinedAt[0]
+	p.mu.Unlock()
+	p.joined <- nil
+	line, err = r.ReadString('\n')
+	pidAt, ok := parseReport(line, "pid ")
+	if err != nil || !ok {
 		return failed(rest(line))
 	}
 	p.mu.Lock()
-	p.jobPid = pid
+	p.jobPid, p.stages.Exec = int(pidAt[0]), pidAt[1]
 	p.mu.Unlock()
 	p.launched <- nil
 	line, err = r.ReadString('\n')
-	st, serr := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(line, "status "), "\n"))
-	if err != nil || !strings.HasPrefix(line, "status ") || serr != nil {
+	statusAt, ok := parseReport(line, "status ")
+	if err != nil || !ok {
 		return 0, false
 	}
-	return syscall.WaitStatus(st), true
+	p.mu.Lock()
+	p.stages.Exit = statusAt[1]
+	p.mu.Unlock()
+	return syscall.WaitStatus(statusAt[0]), true
+}
+
+// parseReport parses one of the init step's status lines: prefix, then decimal fields separated
+// by spaces, the last of them a CLOCK_MONOTONIC stamp, then a newline; it returns the fields. A
+// line without prefix, or not ending in a number, is not a report.
+func parseReport(line, prefix string) ([]time.Duration, bool) {
+	rest, ok := strings.CutPrefix(line, prefix)
+	if !ok || !strings.HasSuffix(rest, "\n") {
+		return nil, false
+	}
+	fields := strings.Fields(rest)
+	if len(fields) == 0 {
+		return nil, false
+	}
+	out := make([]time.Duration, len(fields))
+	for i, f := range fields {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		out[i] = time.Duration(n)
+	}
+	return out, true
 }
 
 // finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
@@ -355,6 +390,38 @@ func (p *Process) Pid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.jobPid
+}
+
+// Stages are when a job passed the steps of its start and end, as CLOCK_MONOTONIC readings
+// (Monotonic's clock); zero for a step not passed yet. They are stamped by the init step when it
+// reports them (init.go), not when the runner reads the report: the times the kernel gave the
+// job, however late the runner gets to them.
+type Stages struct {
+	// Cgroup: the job's cgroup was ready for it. On the cold path, when the init step had joined
+	// it; for a warm init step (warm.go), which joined a spare cgroup long before, when Start had
+	// renamed that cgroup to the job's and applied the job's limits.
+	Cgroup time.Duration
+	// Exec: the job's process was forked, in its cgroup and namespaces, and about to execute the
+	// job's program (the C init step stamps it just before; the Go one just after).
+	Exec time.Duration
+	// Exit: the init step reaped the job's program.
+	Exit time.Duration
+}
+
+// Stages returns the steps the job has passed so far.
+func (p *Process) Stages() Stages {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stages
+}
+
+// Monotonic is CLOCK_MONOTONIC now, the clock of Stages: the kernel's time since boot, which every
+// process on the host reads alike.
+func Monotonic() time.Duration {
+	var ts unix.Timespec
+	// CLOCK_MONOTONIC is always there: an error cannot happen.
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
 }
 
 // Input is the write end of the job's standard input when Spec.Stdin asked for one, the master of

@@ -396,3 +396,40 @@ func TestOutputReadDeadline(t *testing.T) {
 		rest()
 	})
 }
+
+// TestStages: a job's stages are stamped in order, between the start and the end of the job as the
+// caller sees them, on the cold path (a job with an input) and, on v1, from a warm init step.
+func TestStages(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		if m.warm != nil {
+			// The job without an input then takes a warm step, which joined its cgroup before Start.
+			waitWarm(t, m)
+		}
+		for _, stdin := range []bool{false, true} {
+			t.Run(fmt.Sprintf("stdin=%v", stdin), func(t *testing.T) {
+				spec := sh(fmt.Sprintf("stages-%v", stdin), "true")
+				spec.Stdin = stdin
+				before := Monotonic()
+				p, err := m.Start(spec)
+				if err != nil {
+					t.Fatalf("Start: %v", err)
+				}
+				started := p.Stages()
+				out := drain(t, p.Output())
+				if _, err := p.Wait(); err != nil {
+					t.Errorf("Wait: %v", err)
+				}
+				out()
+				after := Monotonic()
+				st := p.Stages()
+				if started.Exec == 0 || started.Cgroup == 0 {
+					t.Errorf("stages when Start returned = %+v, want cgroup and exec", started)
+				}
+				if !(before <= st.Cgroup && st.Cgroup <= st.Exec && st.Exec <= st.Exit && st.Exit <= after) {
+					t.Errorf("stages %+v not in order between %v and %v", st, before, after)
+				}
+			})
+		}
+	})
+}

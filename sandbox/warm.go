@@ -228,6 +228,10 @@ func (w *warmProc) claim(h *v1Hierarchy, spec Spec, readonly bool, env []byte, l
 	if err := g.cg.Update(res); err != nil {
 		return fail(fmt.Errorf("apply limits: %w", err))
 	}
+	// The step joined its cgroup when it was made: the cgroup is the job's from now on.
+	p.mu.Lock()
+	p.stages.Cgroup = Monotonic()
+	p.mu.Unlock()
 	if readonly {
 		// At offset 0 without moving the shared offset, from which bwrap reads.
 		if _, err := w.env.WriteAt(env, 0); err != nil {

@@ -18,8 +18,17 @@ func percentile(d []time.Duration, p float64) float64 {
 	return float64(s[i]) / float64(time.Millisecond)
 }
 
+// medianUS is the median of the samples, in µs.
+func medianUS(us []int64) float64 {
+	s := append([]int64(nil), us...)
+	sort.Slice(s, func(i, k int) bool { return s[i] < s[k] })
+	return float64(s[(len(s)-1)/2])
+}
+
 // BenchmarkRunToExit measures `true` from POST /v1/jobs (block_until_ms) to the reply with its exit,
-// against a bare fork/exec of `sh -c true` measured in the same run.
+// against a bare fork/exec of `sh -c true` measured in the same run, and reports the median of
+// each stage of the jobs' timings (<stage>-us, µs since the coordinator accepted the start) to
+// show where the time goes.
 func BenchmarkRunToExit(b *testing.B) {
 	s := startServe(b)
 	ctx := b.Context()
@@ -30,6 +39,8 @@ func BenchmarkRunToExit(b *testing.B) {
 		}
 	}
 	api := make([]time.Duration, 0, b.N)
+	byStage := map[string][]int64{}
+	var order []string
 	b.ResetTimer()
 	for range b.N {
 		t0 := time.Now()
@@ -40,6 +51,15 @@ func BenchmarkRunToExit(b *testing.B) {
 		api = append(api, time.Since(t0))
 		if r.Backgrounded || r.Job.ExitCode == nil || *r.Job.ExitCode != 0 {
 			b.Fatalf("job did not end within block_until_ms: %+v", r.Job)
+		}
+		for _, st := range stages(r) {
+			if st.us == nil {
+				continue // first_output: `true` writes nothing
+			}
+			if _, ok := byStage[st.name]; !ok {
+				order = append(order, st.name)
+			}
+			byStage[st.name] = append(byStage[st.name], *st.us)
 		}
 	}
 	b.StopTimer()
@@ -56,6 +76,9 @@ func BenchmarkRunToExit(b *testing.B) {
 	b.ReportMetric(percentile(bare, 50), "bare-p50-ms")
 	b.ReportMetric(percentile(bare, 99), "bare-p99-ms")
 	b.ReportMetric(percentile(api, 50)/percentile(bare, 50), "p50-x-bare")
+	for _, name := range order {
+		b.ReportMetric(medianUS(byStage[name]), name+"-us")
+	}
 }
 
 // BenchmarkOutputThroughput measures one job writing 256 MiB into the coordinator: from the start to

@@ -16,11 +16,12 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/proto"
 )
 
 // composeRunnerDeadline is the coordinator's RunnerDeadline (coordinator.Config's default): how long a
 // runner may be silent before its jobs are lost.
-const composeRunnerDeadline = 15 * time.Second
+const composeRunnerDeadline = proto.DefaultRunnerDeadline
 
 // fleet is a docker compose project of this checkout's docker-compose.yml: NATS, a coordinator, three
 // runners in pool default and one in pool gpu, each runner with 2 slots.

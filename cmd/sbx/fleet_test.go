@@ -223,8 +223,9 @@ func ended(j *client.Job) bool {
 	return j.Status == "succeeded" || j.Status == "failed" || j.Status == "aborted"
 }
 
-// TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back;
-// a job that ran through the outage ends with its whole output.
+// TestNATSOutage: a start refused while NATS is down (503) never runs, not even once NATS is back,
+// and leaves no job (the state cannot be written either); a job that ran through the outage ends
+// with its whole output.
 func TestNATSOutage(t *testing.T) {
 	n := newRestartableNATS(t, true)
 	_, c := startFleetCoordinator(t, n.url())
@@ -245,8 +246,8 @@ func TestNATSOutage(t *testing.T) {
 		t.Fatalf("start with NATS down: %v, want a 503", err)
 	}
 	jobs, err := c.Jobs(t.Context(), client.JobsQuery{})
-	if err != nil || len(jobs) != 2 {
-		t.Fatalf("jobs %+v, %v", jobs, err)
+	if err != nil || len(jobs) != 1 || jobs[0].ID != through.Job.ID {
+		t.Fatalf("jobs %+v, %v; want the one started before the outage", jobs, err)
 	}
 	n.start()
 	// A job started once the coordinator is back runs: what the refused start left had its chance.
@@ -275,10 +276,6 @@ func TestNATSOutage(t *testing.T) {
 	var out strings.Builder
 	if err := c.Follow(t.Context(), through.Job.ID, 0, &out); err != nil || out.String() != "before\nafter\n" {
 		t.Fatalf("output of the job that ran through the outage: %q, %v", out.String(), err)
-	}
-	j, err := c.Job(t.Context(), jobs[0].ID)
-	if err != nil || j.Status == "running" || !ended(j) {
-		t.Fatalf("refused job: %+v, %v", j, err)
 	}
 }
 

@@ -144,8 +144,8 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if minFreeDisk == 0 {
 		minFreeDisk = -1 // coordinator.Config: not checked
 	}
-	if cf.runnerDeadline <= 0 {
-		return nil, usageError("--runner-deadline must be positive")
+	if cf.runnerDeadline < proto.MinRunnerDeadline {
+		return nil, usageError("--runner-deadline %s must be at least %s, as runners refuse a shorter one", cf.runnerDeadline, proto.MinRunnerDeadline)
 	}
 	if cf.retainAge <= 0 {
 		return nil, usageError("--retain-age must be positive")
@@ -214,8 +214,8 @@ type runnerFlags struct {
 // check parses what the flags parser leaves as text, so that a mistake stops the process before it
 // connects anywhere.
 func (r *runnerFlags) check() error {
-	if r.deadline <= 0 {
-		return usageError("--runner-deadline must be positive")
+	if r.deadline < proto.MinRunnerDeadline {
+		return usageError("--runner-deadline %s must be at least %s", r.deadline, proto.MinRunnerDeadline)
 	}
 	if r.drainTimeout < 0 {
 		return usageError("--drain-timeout must not be negative")
@@ -239,7 +239,7 @@ func (r *runnerFlags) register(fs *flag.FlagSet) {
 
 // registerRunnerDeadline registers the runner's --runner-deadline; serve shares the coordinator's.
 func (r *runnerFlags) registerRunnerDeadline(fs *flag.FlagSet) {
-	fs.DurationVar(&r.deadline, "runner-deadline", proto.DefaultRunnerDeadline, "how long the runner may be cut off from NATS before it kills its jobs as lost (the coordinator's --runner-deadline, after which it marks them lost)")
+	fs.DurationVar(&r.deadline, "runner-deadline", proto.DefaultRunnerDeadline, "the coordinator's --runner-deadline, after which it marks the runner's jobs lost: the runner heartbeats every quarter of it (2 s at most) and its fence kills its jobs when it has been cut off from NATS (or stopped) for the deadline less one heartbeat interval")
 }
 
 // maxLabels bounds a runner's labels, which every heartbeat carries.
@@ -683,17 +683,34 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	if err != nil || bus == nil {
 		return err
 	}
+	// The state lives in JetStream; sbx.db is its cache, made equal to it before the service reads it.
+	state, err := natsbus.OpenState(ctx, nc, db, natsbus.StateConfig{Replicas: cf.replicas, RetainAge: cf.retainAge, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := state.Sync(ctx); err != nil {
+		return err
+	}
 	// Output is kept until retention removes its job (no RetainAge): an age limit on the stream would
 	// drop the first chunks of a job that ran longer than it while the job is still kept.
 	out, err := natsbus.OpenOutput(ctx, nc, terms, natsbus.OutputConfig{Replicas: cf.replicas, Logger: log})
 	if err != nil {
 		return err
 	}
+	// The unfinished jobs' files get what the stream holds past them (written by another
+	// coordinator, or a data dir lost) before the service writes more.
+	unfinished, err := state.UnfinishedJobs(ctx)
+	if err != nil {
+		return err
+	}
+	if err := out.Sync(ctx, unfinished); err != nil {
+		return err
+	}
 	bus.SetOutput(out)
 	svc, err := coordinator.New(ctx, coordinator.Config{
 		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, InputStallAfter: cf.inputStallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
 		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk, Idempotency: bus,
-	}, db, out, bus)
+	}, state, out, bus)
 	if err != nil {
 		return err
 	}
@@ -774,7 +791,7 @@ func supervise(ctx context.Context, name string, part func(context.Context) erro
 func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []string, log *slog.Logger) error {
 	r, err := runner.New(nc, runner.Config{
 		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, AllowRoot: rf.allowRootJobs, Shell: rf.shell,
-		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets, Labels: rf.labelMap, FenceAfter: rf.deadline, DrainTimeout: rf.drainTimeout,
+		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets, Labels: rf.labelMap, Deadline: rf.deadline, DrainTimeout: rf.drainTimeout,
 	})
 	if err != nil {
 		return err

@@ -45,7 +45,9 @@ type Job struct {
 	OutputPath   string     `json:"output_path"`
 	Limits       Limits     `json:"limits"`
 	Usage        *Usage     `json:"usage"`
-	Error        string     `json:"error,omitempty"`
+	// Timings are when the job passed each stage.
+	Timings Timings `json:"timings"`
+	Error   string  `json:"error,omitempty"`
 	// NotifyOnOutput, Monitor and Persistent are what the start asked for.
 	NotifyOnOutput *NotifyOnOutput `json:"notify_on_output"`
 	Monitor        bool            `json:"monitor"`
@@ -91,6 +93,21 @@ type Limits struct {
 type Usage struct {
 	CPUMS           int64  `json:"cpu_ms"`
 	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
+}
+
+// Timings are when a job passed each stage of its way, in µs since the coordinator accepted its
+// start, in this order (a stage is never shown before the one it follows); nil: not passed, or
+// not known. The runner's stages (TakenUS to ExecUS, ExitUS) are its clock's, placed on the
+// coordinator's (docs/api.md "Timings").
+type Timings struct {
+	StoredUS      *int64 `json:"stored_us"`
+	PublishedUS   *int64 `json:"published_us"`
+	TakenUS       *int64 `json:"taken_us"`
+	CgroupUS      *int64 `json:"cgroup_us"`
+	ExecUS        *int64 `json:"exec_us"`
+	FirstOutputUS *int64 `json:"first_output_us"`
+	ExitUS        *int64 `json:"exit_us"`
+	ExitStoredUS  *int64 `json:"exit_stored_us"`
 }
 
 // Source is where a job's output comes from when it runs no command: a WebSocket's messages.
@@ -170,6 +187,9 @@ type StartReply struct {
 	OutputLines      int   `json:"output_lines"`
 	OutputTotalLines int   `json:"output_total_lines"`
 	Backgrounded     bool  `json:"backgrounded"`
+	// ReplyUS is the µs from the start's acceptance to this reply, on the clock of Job.Timings;
+	// nil for the repeat of an earlier start.
+	ReplyUS *int64 `json:"reply_us"`
 }
 
 // TruncationNote is the line a text rendering writes above a cut output, the background shell

@@ -18,6 +18,22 @@ type healthReply struct {
 	Version string `json:"version,omitempty"`
 }
 
+// readyReply is /readyz's: healthReply and the coordinator's role (Config.Role).
+type readyReply struct {
+	Status   string `json:"status"`
+	Version  string `json:"version,omitempty"`
+	Leader   bool   `json:"leader"`
+	LeaderID string `json:"leader_id,omitempty"`
+}
+
+// role is Config.Role's answer, or a single coordinator's.
+func (s *Server) role() (leading bool, leader string) {
+	if s.cfg.Role == nil {
+		return true, ""
+	}
+	return s.cfg.Role()
+}
+
 // handleHealthz answers while the process serves: liveness only.
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, healthReply{Status: "ok", Version: s.cfg.Version})
@@ -25,7 +41,8 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
 
 // handleReadyz answers 200 when a job can be submitted — the dependencies are ready (Config.Ready:
 // for sbx, NATS and JetStream), there is room for its output (Service.RoomForJob) — and a runner is
-// connected, else 503 naming what is missing.
+// connected, else 503 naming what is missing. The 200 says whether this coordinator leads, and which
+// does.
 func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
@@ -50,5 +67,6 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, coordinator.Errorf(coordinator.EUNAVAILABLE, "Not ready: no runner is connected."))
 		return
 	}
-	writeJSON(w, http.StatusOK, healthReply{Status: "ok", Version: s.cfg.Version})
+	leading, leader := s.role()
+	writeJSON(w, http.StatusOK, readyReply{Status: "ok", Version: s.cfg.Version, Leader: leading, LeaderID: leader})
 }

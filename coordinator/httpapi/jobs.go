@@ -59,6 +59,9 @@ type startReply struct {
 	OutputLines      int      `json:"output_lines"`
 	OutputTotalLines int      `json:"output_total_lines"`
 	Backgrounded     bool     `json:"backgrounded"`
+	// ReplyUS is the reply's own stage after job.timings: µs from the start's acceptance to the
+	// reply, as it is written; null for a repeated start.
+	ReplyUS *int64 `json:"reply_us"`
 }
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
@@ -137,10 +140,14 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	if res.Replayed {
 		status = http.StatusOK
 	}
-	writeJSON(w, status, startReply{
+	reply := startReply{
 		Job: viewJob(res.Job, time.Now()), Output: string(res.Output), Backgrounded: res.Backgrounded,
 		OutputTruncated: res.OutputTruncated, OutputBytes: res.OutputBytes, OutputLines: res.OutputLines, OutputTotalLines: res.TotalLines,
-	})
+	}
+	if !res.Accepted.IsZero() {
+		reply.ReplyUS = stage(max(time.Since(res.Accepted).Microseconds(), 1))
+	}
+	writeJSON(w, status, reply)
 }
 
 func (s *Server) handleJob(w http.ResponseWriter, r *http.Request) {

@@ -112,6 +112,13 @@ func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	metric("sbx_wait_scanned_bytes_total", "counter", "Output bytes read to match waits' patterns.")
 	fmt.Fprintf(&b, "sbx_wait_scanned_bytes_total %d\n", st.ScannedBytes)
 
+	metric("sbx_coordinator_leader", "gauge", "1 while this coordinator leads: it runs the duties that must happen once (lost runners, timeouts, retention).")
+	leader := 0
+	if leading, _ := s.role(); leading {
+		leader = 1
+	}
+	fmt.Fprintf(&b, "sbx_coordinator_leader %d\n", leader)
+
 	codes := s.codes.snapshot()
 	keys := make([]int, 0, len(codes))
 	for k := range codes {

@@ -66,6 +66,10 @@ type Config struct {
 	// Ready reports the readiness of what the service depends on (store open, NATS connected);
 	// /readyz also requires at least one runner. Nil means nothing more to check.
 	Ready func(context.Context) error
+	// Role reports whether this coordinator leads (holds the lease of the duties that must happen
+	// once) and the ID of the one that does ("" while none is known), for /readyz and /metrics. Nil
+	// means a single coordinator, which leads.
+	Role func() (leading bool, leader string)
 	// Version is the build's version, reported by /healthz.
 	Version string
 }

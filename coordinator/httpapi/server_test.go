@@ -364,8 +364,15 @@ func TestHealth(t *testing.T) {
 	}
 	h.get("/readyz").wantError(t, 503, "unavailable", "no runner")
 	h.heartbeat()
-	if r := h.get("/readyz"); r.status != 200 {
+	r = h.get("/readyz")
+	if r.status != 200 {
 		t.Errorf("readyz with a runner: %d %s", r.status, r.body)
+	}
+	// A single coordinator leads, and names no other.
+	var ready map[string]any
+	r.decode(t, &ready)
+	if _, named := ready["leader_id"]; ready["leader"] != true || named {
+		t.Errorf("readyz of a single coordinator: %s", r.body)
 	}
 	readyErr = errors.New("NATS is not connected")
 	h.get("/readyz").wantError(t, 503, "unavailable", "NATS is not connected")
@@ -374,6 +381,35 @@ func TestHealth(t *testing.T) {
 	h = newHarnessWith(t, httpapi.Config{}, coordinator.Config{MinFreeBytes: 1 << 62})
 	h.heartbeat()
 	h.get("/readyz").wantError(t, 503, "unavailable", "--min-free-disk")
+}
+
+// TestRole: /readyz and /metrics say whether this coordinator leads, and which does.
+func TestRole(t *testing.T) {
+	var leading bool
+	h := newHarness(t, httpapi.Config{Role: func() (bool, string) {
+		if leading {
+			return true, "c1"
+		}
+		return false, "c2"
+	}})
+	h.heartbeat()
+	for _, leading = range []bool{false, true} {
+		var ready struct {
+			Leader   bool   `json:"leader"`
+			LeaderID string `json:"leader_id"`
+		}
+		h.get("/readyz").decode(t, &ready)
+		if want := map[bool]string{false: "c2", true: "c1"}[leading]; ready.Leader != leading || ready.LeaderID != want {
+			t.Errorf("readyz while leading %v: leader %v leader_id %q, want %q", leading, ready.Leader, ready.LeaderID, want)
+		}
+		want := "sbx_coordinator_leader 0\n"
+		if leading {
+			want = "sbx_coordinator_leader 1\n"
+		}
+		if r := h.get("/metrics"); !strings.Contains(string(r.body), want) {
+			t.Errorf("metrics while leading %v lack %q:\n%s", leading, want, r.body)
+		}
+	}
 }
 
 func TestRunners(t *testing.T) {
@@ -419,6 +455,7 @@ func TestMetrics(t *testing.T) {
 		`sbx_http_requests_total{code="404"} 1` + "\n",
 		"# TYPE sbx_http_requests_total counter\n",
 		`sbx_forged_events_total{kind="output"} 0` + "\n",
+		"sbx_coordinator_leader 1\n",
 	} {
 		if !strings.Contains(string(r.body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, r.body)

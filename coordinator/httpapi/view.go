@@ -39,7 +39,9 @@ type jobView struct {
 	OutputPath   string     `json:"output_path"`
 	Limits       limitsView `json:"limits"`
 	Usage        *usageView `json:"usage"`
-	Error        string     `json:"error,omitempty"`
+	// Timings are when the job passed each stage (docs/api.md "Timings").
+	Timings timingsView `json:"timings"`
+	Error   string      `json:"error,omitempty"`
 	// NotifyOnOutput, Monitor and Persistent extend API.md's job object: what the start asked for.
 	NotifyOnOutput *notifyView `json:"notify_on_output"`
 	Monitor        bool        `json:"monitor"`
@@ -94,6 +96,34 @@ type usageView struct {
 	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
 }
 
+// timingsView is coordinator.Timings with null for a stage not passed, where the store keeps 0.
+type timingsView struct {
+	StoredUS      *int64 `json:"stored_us"`
+	PublishedUS   *int64 `json:"published_us"`
+	TakenUS       *int64 `json:"taken_us"`
+	CgroupUS      *int64 `json:"cgroup_us"`
+	ExecUS        *int64 `json:"exec_us"`
+	FirstOutputUS *int64 `json:"first_output_us"`
+	ExitUS        *int64 `json:"exit_us"`
+	ExitStoredUS  *int64 `json:"exit_stored_us"`
+}
+
+// stage is a stage's µs, nil when not passed (0).
+func stage(us int64) *int64 {
+	if us == 0 {
+		return nil
+	}
+	return &us
+}
+
+func viewTimings(t coordinator.Timings) timingsView {
+	return timingsView{
+		StoredUS: stage(t.StoredUS), PublishedUS: stage(t.PublishedUS), TakenUS: stage(t.TakenUS),
+		CgroupUS: stage(t.CgroupUS), ExecUS: stage(t.ExecUS), FirstOutputUS: stage(t.FirstOutputUS),
+		ExitUS: stage(t.ExitUS), ExitStoredUS: stage(t.ExitStoredUS),
+	}
+}
+
 func utc(t *time.Time) *time.Time {
 	if t == nil {
 		return nil
@@ -109,7 +139,7 @@ func viewJob(j *coordinator.Job, now time.Time) *jobView {
 		Readonly: j.Readonly, User: j.User, Shell: j.Shell, Linger: j.Linger, Stdin: j.Stdin, Pool: j.Pool, Status: string(j.Status), Reason: j.Reason,
 		Runner: j.Runner, CreatedAt: j.CreatedAt.UTC(), StartedAt: utc(j.StartedAt),
 		EndedAt: utc(j.EndedAt), ElapsedMS: j.ElapsedMS(now), OutputBytes: j.OutputBytes,
-		OutputPath: j.OutputPath, Error: j.Error,
+		OutputPath: j.OutputPath, Error: j.Error, Timings: viewTimings(j.Timings),
 		Limits: limitsView{
 			MemoryBytes: j.Limits.MemoryBytes, CPUMillicores: j.Limits.CPUMillicores,
 			Pids: j.Limits.Pids, OutputBytes: j.Limits.OutputBytes, TimeoutMS: j.Limits.TimeoutMS,

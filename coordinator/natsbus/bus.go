@@ -166,7 +166,7 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	for _, name := range []string{proto.WorkStream, proto.EventStream} {
-		if err := checkReplicas(ctx, js, name, cfg.Replicas); err != nil {
+		if err := checkReplicas(ctx, js, name, cfg.Replicas, streamsRemedy); err != nil {
 			return nil, err
 		}
 	}
@@ -224,11 +224,15 @@ func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	}, nil
 }
 
+// streamsRemedy is checkReplicas's advice for the work and event streams.
+var streamsRemedy = fmt.Sprintf(", or delete the streams %s and %s (their queued work and unread events are lost) and start again", proto.WorkStream, proto.EventStream)
+
 // checkReplicas refuses an existing stream whose replica count is not replicas. JetStream can change
 // it in place, but a stream of 1 replica grown to 3 that way (nats-server 2.15.2) elected no new
 // leader when its first one was lost, and stayed unusable: a fleet that believes it survives the
-// loss of a server must not get that. The operator chooses instead (docs/fleet.md, "Replicas").
-func checkReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int) error {
+// loss of a server must not get that. The operator chooses instead (docs/fleet.md, "Replicas"); the
+// error ends with remedy, what else than the stream's count to start with.
+func checkReplicas(ctx context.Context, js jetstream.JetStream, name string, replicas int, remedy string) error {
 	s, err := js.Stream(ctx, name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -237,8 +241,7 @@ func checkReplicas(ctx context.Context, js jetstream.JetStream, name string, rep
 		return fmt.Errorf("stream %s: %w", name, err)
 	}
 	if have := s.CachedInfo().Config.Replicas; have != replicas {
-		return fmt.Errorf("stream %s has %d replicas, not %d: sbx does not change an existing stream's replicas; start with %d, or delete the streams %s and %s (their queued work and unread events are lost) and start again",
-			name, have, replicas, have, proto.WorkStream, proto.EventStream)
+		return fmt.Errorf("stream %s has %d replicas, not %d: sbx does not change an existing stream's replicas; start with %d%s", name, have, replicas, have, remedy)
 	}
 	return nil
 }

@@ -37,7 +37,7 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{bucketJobs, bucketUnfinished, bucketNotifications, bucketNotificationIDs, bucketSessions} {
+		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -51,6 +51,28 @@ func Open(path string) (*DB, error) {
 	return &DB{db: db}, nil
 }
 
+var allBuckets = [][]byte{bucketJobs, bucketUnfinished, bucketNotifications, bucketNotificationIDs, bucketSessions}
+
+// Reset empties the database: jobs, sessions and notifications (the last seqs with them). The
+// state's home is JetStream (natsbus.State), and Sync fills the database again from it.
+func (d *DB) Reset(_ context.Context) error {
+	err := d.db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range allBuckets {
+			if err := tx.DeleteBucket(b); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reset store: %w", err)
+	}
+	return nil
+}
+
 // Close closes the database.
 func (d *DB) Close() error { return d.db.Close() }
 
@@ -60,19 +82,40 @@ func (d *DB) PutJob(_ context.Context, job *coordinator.Job) error {
 	if err != nil {
 		return fmt.Errorf("encode job %s: %w", job.ID, err)
 	}
-	err = d.db.Update(func(tx *bbolt.Tx) error {
-		if err := tx.Bucket(bucketJobs).Put([]byte(job.ID), data); err != nil {
-			return err
-		}
-		if job.Status.Ended() {
-			return tx.Bucket(bucketUnfinished).Delete([]byte(job.ID))
-		}
-		return tx.Bucket(bucketUnfinished).Put([]byte(job.ID), nil)
-	})
-	if err != nil {
+	if err := d.db.Update(func(tx *bbolt.Tx) error { return putJob(tx, job, data) }); err != nil {
 		return fmt.Errorf("store job %s: %w", job.ID, err)
 	}
 	return nil
+}
+
+// PutJobs stores jobs as PutJob does, in one transaction: a Sync loads a whole bucket's jobs.
+func (d *DB) PutJobs(_ context.Context, jobs []*coordinator.Job) error {
+	err := d.db.Update(func(tx *bbolt.Tx) error {
+		for _, job := range jobs {
+			data, err := json.Marshal(job)
+			if err != nil {
+				return fmt.Errorf("encode job %s: %w", job.ID, err)
+			}
+			if err := putJob(tx, job, data); err != nil {
+				return fmt.Errorf("job %s: %w", job.ID, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store jobs: %w", err)
+	}
+	return nil
+}
+
+func putJob(tx *bbolt.Tx, job *coordinator.Job, data []byte) error {
+	if err := tx.Bucket(bucketJobs).Put([]byte(job.ID), data); err != nil {
+		return err
+	}
+	if job.Status.Ended() {
+		return tx.Bucket(bucketUnfinished).Delete([]byte(job.ID))
+	}
+	return tx.Bucket(bucketUnfinished).Put([]byte(job.ID), nil)
 }
 
 // Job returns one job.

@@ -28,9 +28,19 @@ func seqKey(seq uint64) []byte {
 
 // AddNotifications stores notifications, each with the next seq of its session, in one transaction.
 // One whose id is already stored keeps its seq and is not stored again.
-func (d *DB) AddNotifications(_ context.Context, notes []*coordinator.Notification) error {
+func (d *DB) AddNotifications(ctx context.Context, notes []*coordinator.Notification) error {
+	return d.AddNotificationsWith(ctx, notes, nil)
+}
+
+// AddNotificationsWith is AddNotifications that, when write is not nil, calls it with the
+// notifications it is about to add (their seqs set; not those already stored) before it commits
+// them. When write fails nothing is added, and the next call takes the same seqs again:
+// natsbus.State writes the notifications to JetStream there, so that the database never holds one
+// that JetStream lacks.
+func (d *DB) AddNotificationsWith(_ context.Context, notes []*coordinator.Notification, write func(added []*coordinator.Notification) error) error {
 	err := d.db.Update(func(tx *bbolt.Tx) error {
 		ids := tx.Bucket(bucketNotificationIDs)
+		var added []*coordinator.Notification
 		for _, n := range notes {
 			if v := ids.Get([]byte(n.ID)); v != nil {
 				n.Seq = binary.BigEndian.Uint64(v)
@@ -43,14 +53,38 @@ func (d *DB) AddNotifications(_ context.Context, notes []*coordinator.Notificati
 			if n.Seq, err = b.NextSequence(); err != nil {
 				return err
 			}
-			data, err := json.Marshal(n)
-			if err != nil {
-				return fmt.Errorf("encode notification %s: %w", n.ID, err)
-			}
-			if err := b.Put(seqKey(n.Seq), data); err != nil {
+			if err := putNotification(tx, b, n); err != nil {
 				return err
 			}
-			if err := ids.Put([]byte(n.ID), seqKey(n.Seq)); err != nil {
+			added = append(added, n)
+		}
+		if write == nil || len(added) == 0 {
+			return nil
+		}
+		return write(added)
+	})
+	if err != nil {
+		return fmt.Errorf("store notifications: %w", err)
+	}
+	return nil
+}
+
+// PutNotifications stores notifications with the seqs they carry, replacing any stored at those
+// seqs, and raises each session's last seq to the highest of them. Sync loads JetStream's
+// notifications with it.
+func (d *DB) PutNotifications(_ context.Context, notes []*coordinator.Notification) error {
+	err := d.db.Update(func(tx *bbolt.Tx) error {
+		for _, n := range notes {
+			b, err := tx.Bucket(bucketNotifications).CreateBucketIfNotExists([]byte(n.Session))
+			if err != nil {
+				return err
+			}
+			if n.Seq > b.Sequence() {
+				if err := b.SetSequence(n.Seq); err != nil {
+					return err
+				}
+			}
+			if err := putNotification(tx, b, n); err != nil {
 				return err
 			}
 		}
@@ -60,6 +94,37 @@ func (d *DB) AddNotifications(_ context.Context, notes []*coordinator.Notificati
 		return fmt.Errorf("store notifications: %w", err)
 	}
 	return nil
+}
+
+// RaiseLastSeq raises a session's last seq to seq (a higher one stays): its next notification takes
+// the seq after, even when none of its notifications is stored any more.
+func (d *DB) RaiseLastSeq(_ context.Context, session string, seq uint64) error {
+	err := d.db.Update(func(tx *bbolt.Tx) error {
+		b, err := tx.Bucket(bucketNotifications).CreateBucketIfNotExists([]byte(session))
+		if err != nil {
+			return err
+		}
+		if seq <= b.Sequence() {
+			return nil
+		}
+		return b.SetSequence(seq)
+	})
+	if err != nil {
+		return fmt.Errorf("store last seq of session %s: %w", session, err)
+	}
+	return nil
+}
+
+// putNotification stores n at its seq in b, its session's bucket, and indexes its id.
+func putNotification(tx *bbolt.Tx, b *bbolt.Bucket, n *coordinator.Notification) error {
+	data, err := json.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("encode notification %s: %w", n.ID, err)
+	}
+	if err := b.Put(seqKey(n.Seq), data); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketNotificationIDs).Put([]byte(n.ID), seqKey(n.Seq))
 }
 
 // Notifications returns up to limit notifications of the session with seq > after, in order.

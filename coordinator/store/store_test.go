@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -214,5 +216,117 @@ func TestModes(t *testing.T) {
 				t.Errorf("old install %v: %s has mode %04o, want %04o", old, path, got, m)
 			}
 		}
+	}
+}
+
+func openDB(t *testing.T) *DB {
+	t.Helper()
+	db, err := Open(filepath.Join(t.TempDir(), "sbx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func note(id, session string) *coordinator.Notification {
+	return &coordinator.Notification{ID: id, Session: session, Kind: coordinator.KindFinished, CreatedAt: time.Now()}
+}
+
+// TestAddNotificationsWith: write sees the new notifications with their seqs, not one already
+// stored; when it fails nothing is kept, and the next call takes the same seqs.
+func TestAddNotificationsWith(t *testing.T) {
+	ctx := context.Background()
+	db := openDB(t)
+	if err := db.AddNotifications(ctx, []*coordinator.Notification{note("n1", "s")}); err != nil {
+		t.Fatal(err)
+	}
+	failed := errors.New("jetstream down")
+	var seen []uint64
+	err := db.AddNotificationsWith(ctx, []*coordinator.Notification{note("n1", "s"), note("n2", "s"), note("n3", "s")}, func(added []*coordinator.Notification) error {
+		for _, n := range added {
+			seen = append(seen, n.Seq)
+		}
+		return failed
+	})
+	if !errors.Is(err, failed) || !slices.Equal(seen, []uint64{2, 3}) {
+		t.Fatalf("AddNotificationsWith = %v, write saw seqs %v; want the write's error and seqs [2 3]", err, seen)
+	}
+	if notes, _ := db.Notifications(ctx, "s", 0, 0); len(notes) != 1 {
+		t.Fatalf("after a failed write, %d notifications stored, want 1", len(notes))
+	}
+	if sessions, _ := db.Sessions(ctx); len(sessions) != 1 || sessions[0].LastSeq != 1 {
+		t.Fatalf("after a failed write, sessions %+v; want s at last seq 1", sessions)
+	}
+	n2 := note("n2", "s")
+	if err := db.AddNotificationsWith(ctx, []*coordinator.Notification{n2}, func([]*coordinator.Notification) error { return nil }); err != nil || n2.Seq != 2 {
+		t.Fatalf("AddNotificationsWith again = %v, seq %d; want seq 2", err, n2.Seq)
+	}
+}
+
+// TestResetAndLoad: Reset forgets everything; PutJobs, PutSession, PutNotifications and RaiseLastSeq
+// load it back as a Sync does, seqs as given, and the next notification follows the last seq.
+func TestResetAndLoad(t *testing.T) {
+	ctx := context.Background()
+	db := openDB(t)
+	if err := db.PutJob(ctx, sampleJob()); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.PutSession(ctx, &coordinator.Session{ID: "s", Acked: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.AddNotifications(ctx, []*coordinator.Notification{note("n1", "s")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	jobs, _ := db.Jobs(ctx, coordinator.JobFilter{})
+	unfinished, _ := db.UnfinishedJobs(ctx)
+	sessions, _ := db.Sessions(ctx)
+	notes, _ := db.Notifications(ctx, "s", 0, 0)
+	if len(jobs)+len(unfinished)+len(sessions)+len(notes) != 0 {
+		t.Fatalf("after Reset: %d jobs, %d unfinished, %d sessions, %d notifications", len(jobs), len(unfinished), len(sessions), len(notes))
+	}
+
+	ended := sampleJob()
+	ended.ID, ended.Status = "0mx26g2ocl8z7", coordinator.StatusSucceeded
+	if err := db.PutJobs(ctx, []*coordinator.Job{sampleJob(), ended}); err != nil {
+		t.Fatal(err)
+	}
+	if unfinished, _ := db.UnfinishedJobs(ctx); len(unfinished) != 1 || unfinished[0].ID != sampleJob().ID {
+		t.Fatalf("UnfinishedJobs after PutJobs = %v", unfinished)
+	}
+	if err := db.PutSession(ctx, &coordinator.Session{ID: "s", Acked: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Seq 5 was the last one given; 3 and 4 expired.
+	if err := db.RaiseLastSeq(ctx, "s", 5); err != nil {
+		t.Fatal(err)
+	}
+	n2 := note("n2", "s")
+	n2.Seq = 2
+	if err := db.PutNotifications(ctx, []*coordinator.Notification{n2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.RaiseLastSeq(ctx, "s", 4); err != nil {
+		t.Fatal(err)
+	}
+	if sessions, _ := db.Sessions(ctx); len(sessions) != 1 || sessions[0].LastSeq != 5 || sessions[0].Acked != 1 {
+		t.Fatalf("sessions %+v; want s at last seq 5, acked 1", sessions)
+	}
+	// A notification loaded above the last seq raises it.
+	n7 := note("n7", "t")
+	n7.Seq = 7
+	if err := db.PutNotifications(ctx, []*coordinator.Notification{n7}); err != nil {
+		t.Fatal(err)
+	}
+	again, n6 := note("n2", "s"), note("n6", "s")
+	next := note("n8", "t")
+	if err := db.AddNotifications(ctx, []*coordinator.Notification{again, n6, next}); err != nil {
+		t.Fatal(err)
+	}
+	if again.Seq != 2 || n6.Seq != 6 || next.Seq != 8 {
+		t.Fatalf("seqs after the load: n2 %d (want 2, stored already), n6 %d (want 6), n8 %d (want 8)", again.Seq, n6.Seq, next.Seq)
 	}
 }

@@ -288,11 +288,11 @@ func (a *Authority) ServerConfig() ([]byte, error) {
 }
 
 // CoordinatorPermissions are the coordinator's: sbx's subjects, the JetStream API and acks, the
-// writes of its bucket of idempotency keys, its inbox, and the micro discovery subjects; and the answers to the requests it gets (a runner's
+// writes of its buckets (idempotency keys, the state, the notifications, the leader lease), its inbox, and the micro discovery subjects; and the answers to the requests it gets (a runner's
 // start confirmation, whose reply goes to the runner's own inbox).
 func CoordinatorPermissions() jwt.Permissions {
 	return jwt.Permissions{
-		Pub:  jwt.Permission{Allow: []string{"sbx.v1.>", "$JS.API.>", "$JS.ACK.>", "$KV.SBX_IDEMPOTENCY.>", "_INBOX.>", "$SRV.>"}},
+		Pub:  jwt.Permission{Allow: []string{"sbx.v1.>", "$JS.API.>", "$JS.ACK.>", "$KV.SBX_IDEMPOTENCY.>", "$KV.SBX_STATE.>", "$KV.SBX_NOTES.>", "$KV.SBX_LEASE.>", "_INBOX.>", "$SRV.>"}},
 		Sub:  jwt.Permission{Allow: []string{"sbx.v1.>", "_INBOX.>", "$SRV.>"}},
 		Resp: &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/sbx-dev/sbx/coordinator/natsbus"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -500,4 +501,47 @@ func TestExpiryAndRevocation(t *testing.T) {
 	if !connects(mint("victim", 0)) {
 		t.Error("creds minted after the revocation are refused")
 	}
+}
+
+// TestLeasePermissions: the coordinator's user can make the leader lease's bucket and lead; a
+// runner's cannot write the lease.
+func TestLeasePermissions(t *testing.T) {
+	ns, a, _ := startServer(t)
+	ccreds, err := a.CoordinatorCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	coord, _ := connectAs(t, ns.ClientURL(), ccreds)
+	lease, err := natsbus.OpenLease(t.Context(), coord, natsbus.LeaseConfig{ID: "c1", TTL: 400 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("the coordinator cannot open the lease: %v", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	led := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- lease.Run(ctx, func(ctx context.Context) error { close(led); <-ctx.Done(); return nil })
+	}()
+	select {
+	case <-led:
+	case err := <-done:
+		t.Fatalf("the coordinator cannot lead: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the coordinator does not lead within 5s")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run: %v", err)
+	}
+
+	rcreds, err := a.RunnerCreds("r1", "default", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner, errs := connectAs(t, ns.ClientURL(), rcreds)
+	subject := "$KV." + natsbus.LeaseBucket + ".leader"
+	if err := runner.Publish(subject, []byte(`{"id":"r1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	wantViolation(t, errs, subject)
 }
