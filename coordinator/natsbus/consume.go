@@ -32,7 +32,8 @@ var ErrConsumerGone = errors.New("natsbus: the event consumer is gone")
 // Consume feeds every event of the event stream and every heartbeat to h, answers the runners'
 // start confirmations (proto.ConfirmSubject), forwards their pulls for work (proto.PullPrefix) and
 // removes the work consumers of pools no runner names any more, until ctx ends. An event is
-// acked only after h stored it; one h cannot place yet is redelivered shortly; one that does not
+// acked only after h stored it, and after the output stream stored the output it carried
+// (SetOutput); one h cannot place yet is redelivered shortly; one that does not
 // decode, or is forged, is logged and terminated. A heartbeat counts only from the runner and for
 // the pool its subject names (with NATS auth, the runner that published it, and a pool its creds
 // name), and for at most MaxPoolsPerRunner pools a runner. Each heartbeat also makes sure the work
@@ -211,6 +212,7 @@ func (b *Bus) ackAll(batch []jetstream.Msg) []jetstream.Msg {
 					b.cfg.Logger.Warn("nak event", "subject", msg.Subject(), "err", err)
 				}
 			}
+			clear(batch)
 			return batch[:0]
 		}
 	}
