@@ -265,8 +265,12 @@ func (o *Output) Sync(ctx context.Context, jobs []*coordinator.Job) error {
 		if err != nil {
 			return err
 		}
-		if err := o.copyStream(ctx, j.ID, from); err != nil {
+		n, err := o.copyStream(ctx, j.ID, from)
+		if err != nil {
 			return err
+		}
+		if n > 0 {
+			o.cfg.Logger.Info("terminal file completed from the output stream", "job", j.ID, "from", from, "bytes", n)
 		}
 		if j.EndedAt != nil {
 			if err := o.files.End(j); err != nil {
@@ -277,27 +281,29 @@ func (o *Output) Sync(ctx context.Context, jobs []*coordinator.Job) error {
 	return nil
 }
 
-// copyStream writes into the job's terminal file the stream's bytes from offset on.
-func (o *Output) copyStream(ctx context.Context, id string, offset int64) error {
+// copyStream writes into the job's terminal file the stream's bytes from offset on, and returns how
+// many it wrote.
+func (o *Output) copyStream(ctx context.Context, id string, offset int64) (int64, error) {
 	r, err := o.openStream(ctx, id, offset, -1)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer r.Close()
 	buf := make([]byte, proto.MaxChunkBytes)
+	var written int64
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
-			if werr := o.files.Write(id, offset, buf[:n]); werr != nil {
-				return werr
+			if werr := o.files.Write(id, offset+written, buf[:n]); werr != nil {
+				return written, werr
 			}
-			offset += int64(n)
+			written += int64(n)
 		}
 		if err == io.EOF {
-			return nil
+			return written, nil
 		}
 		if err != nil {
-			return err
+			return written, err
 		}
 	}
 }
