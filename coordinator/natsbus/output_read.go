@@ -71,7 +71,7 @@ func (o *Output) openStream(ctx context.Context, id string, offset, limit int64)
 	if limit >= 0 {
 		end = offset + limit
 	}
-	return &chunkReader{id: id, it: it, last: last.Sequence, pos: offset, end: end, ahead: map[int64][]byte{}}, nil
+	return &chunkReader{id: id, js: o.js, cons: cons, it: it, last: last.Sequence, pos: offset, end: end, ahead: map[int64][]byte{}}, nil
 }
 
 func missingOutput(id string, offset int64) error {
@@ -98,7 +98,7 @@ func (o *Output) firstChunk(ctx context.Context, subject string, offset int64, l
 	if err != nil {
 		return 0, err
 	}
-	defer it.Stop()
+	defer stopReading(o.js, cons, it)
 	for {
 		m, err := it.Next(jetstream.NextMaxWait(outputReadWait))
 		if err != nil {
@@ -122,6 +122,8 @@ func (o *Output) firstChunk(ctx context.Context, subject string, offset int64, l
 // bytes it already gave (a chunk stored twice) and holds chunks that come before their turn.
 type chunkReader struct {
 	id   string
+	js   jetstream.JetStream
+	cons jetstream.Consumer
 	it   jetstream.MessagesContext
 	last uint64 // the subject's last sequence when the read began: what there is "now"
 	done bool   // the chunk at last was read
@@ -206,6 +208,20 @@ func (r *chunkReader) takeAhead() bool {
 
 // Close stops the read.
 func (r *chunkReader) Close() error {
-	r.it.Stop()
+	stopReading(r.js, r.cons, r.it)
 	return nil
+}
+
+// stopReading stops it and deletes its consumer, rather than leave it to the server for readerIdle:
+// a coordinator that serves many reads from the stream would keep as many consumers.
+func stopReading(js jetstream.JetStream, cons jetstream.Consumer, it jetstream.MessagesContext) {
+	it.Stop()
+	info := cons.CachedInfo()
+	if info == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), outputReadWait)
+	defer cancel()
+	// Failing leaves the consumer to expire: nothing to report.
+	_ = js.DeleteConsumer(ctx, proto.OutputStream, info.Name)
 }

@@ -128,6 +128,11 @@ func TestOutputWithoutFiles(t *testing.T) {
 	if got := readAll(t, o, "nothing", 0, -1); len(got) != 0 {
 		t.Fatalf("a job without output reads %q", got)
 	}
+	// Reads closed leave no consumer behind.
+	info, err := o.stream.Info(t.Context())
+	if err != nil || info.State.Consumers != 0 {
+		t.Fatalf("%+v consumers on the output stream after the reads (%v)", info.State.Consumers, err)
+	}
 }
 
 // TestOutputSync: Sync makes a terminal file identical to the one the job's coordinator wrote,
