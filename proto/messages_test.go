@@ -232,6 +232,14 @@ func TestParseEventSubject(t *testing.T) {
 			t.Errorf("work ingest subjects %q accepted", s)
 		}
 	}
+	if key, ok := OutputKeyOf(OutputIngestSubjects("k3y")); !ok || key != "k3y" {
+		t.Errorf("output ingest subjects: %q %v", key, ok)
+	}
+	for _, s := range []string{"sbx.v1.keep.>", "sbx.v1.keep.a.b.>", OutputSubjects, "sbx.v1.keep.k"} {
+		if _, ok := OutputKeyOf(s); ok {
+			t.Errorf("output ingest subjects %q accepted", s)
+		}
+	}
 	for _, s := range []string{"work_a", "work__plain", "work_a_other", "coordinator", "work_a.b_plain"} {
 		if _, _, ok := ParseWorkConsumer(s); ok {
 			t.Errorf("work consumer %q accepted", s)

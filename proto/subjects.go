@@ -15,6 +15,9 @@ const (
 	WorkStream = "SBX_WORK"
 	// EventStream holds state events and output chunks until the coordinator has stored them.
 	EventStream = "SBX_EVENTS"
+	// OutputStream keeps every job's output, chunk by chunk, for as long as the job is kept: any
+	// coordinator serves any job's output from it.
+	OutputStream = "SBX_OUTPUT"
 )
 
 // Capabilities a work subject can require.
@@ -44,6 +47,40 @@ func WorkIngestSubjects(key string) string {
 // WorkKeyOf returns the key of WorkIngestSubjects(key).
 func WorkKeyOf(subjects string) (string, bool) {
 	rest, found := strings.CutPrefix(subjects, "sbx.v1.queue.")
+	key, found2 := strings.CutSuffix(rest, ".>")
+	if !found || !found2 || !ValidToken(key) {
+		return "", false
+	}
+	return key, true
+}
+
+// OutputSubjects matches every subject OutputStream stores chunks under: sbx.v1.output.>
+const OutputSubjects = "sbx.v1.output.>"
+
+// JobOutputSubject is where OutputStream stores the chunks of a job, each with its offset
+// (HeaderOffset): sbx.v1.output.<job>. Readers filter on it; the coordinator publishes on
+// OutputIngest.
+func JobOutputSubject(job string) string {
+	return "sbx.v1.output." + job
+}
+
+// OutputIngest is where the coordinator publishes a job's output chunks: sbx.v1.keep.<key>.<job>.
+// OutputStream takes in OutputIngestSubjects(key) only and stores each chunk under
+// JobOutputSubject (a subject transform), for the reason WorkIngest gives: a runner can aim
+// JetStream's answers to its publishes at any subject, so a stream whose subjects it could name
+// would store what it wants there.
+func OutputIngest(key, job string) string {
+	return "sbx.v1.keep." + key + "." + job
+}
+
+// OutputIngestSubjects is OutputStream's subjects for a key: sbx.v1.keep.<key>.>
+func OutputIngestSubjects(key string) string {
+	return "sbx.v1.keep." + key + ".>"
+}
+
+// OutputKeyOf returns the key of OutputIngestSubjects(key).
+func OutputKeyOf(subjects string) (string, bool) {
+	rest, found := strings.CutPrefix(subjects, "sbx.v1.keep.")
 	key, found2 := strings.CutSuffix(rest, ".>")
 	if !found || !found2 || !ValidToken(key) {
 		return "", false

@@ -143,18 +143,11 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		defer timer.Stop()
 	}
 
-	waited := make(chan sandbox.Result, 1)
-	go func() {
-		res, err := proc.Wait()
-		if err != nil {
-			log.Warn("clean up job", "err", err)
-		}
-		waited <- res
-	}()
 	started := r.eventMsg(&proto.Event{Kind: proto.EventStarted, JobID: j.id, Claim: j.claim, Pid: proc.Pid(), Stages: j.stages(proc.Stages())})
 	stopWatching := r.watchActivity(ctx, j, w, proc, log)
 	written := r.pump(ctx, j, proc, started, w.Limits.OutputBytes, log)
-	res := <-waited
+	// The job's end is reported as soon as it is known; its cgroup is removed after (Wait).
+	res := proc.Result()
 	stopWatching()
 
 	j.mu.Lock()
@@ -179,6 +172,9 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		Usage:       &proto.Usage{CPUMS: res.CPU.Milliseconds(), MemoryPeakBytes: res.MemoryPeak},
 		Stages:      j.stages(proc.Stages()),
 	})
+	if _, err := proc.Wait(); err != nil {
+		log.Warn("clean up job", "err", err)
+	}
 }
 
 // stages are the job's stages for an event made now: each as µs since the job's work was taken,

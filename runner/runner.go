@@ -364,21 +364,31 @@ func (r *Runner) stopAll(reason, why string) {
 // one (see docs/security.md).
 func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Consumer, error) {
 	name := proto.WorkConsumer(r.cfg.Pool, capability)
-	for {
+	// The coordinator creates the consumer when it hears the runner's first heartbeat, a moment
+	// after the start: the first tries come quickly, so that the first job does not wait a second.
+	var said time.Time
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		cons, err := r.work.Consumer(ctx, proto.WorkStream, name)
 		if err == nil {
 			return cons, nil
 		}
+		quiet := time.Since(said) < time.Second
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
-			r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
+			if !quiet {
+				r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
+				said = time.Now()
+			}
 		case jetStreamNotReady(err) && ctx.Err() == nil:
-			r.cfg.Logger.Info("waiting for JetStream", "err", err)
+			if !quiet {
+				r.cfg.Logger.Info("waiting for JetStream", "err", err)
+				said = time.Now()
+			}
 		default:
 			return nil, fmt.Errorf("bind work consumer %s: %w", name, err)
 		}
 		select {
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

@@ -26,6 +26,8 @@ type process interface {
 	Signal(syscall.Signal) error
 	Kill() error
 	Wait() (sandbox.Result, error)
+	Ended() <-chan struct{}
+	Result() sandbox.Result
 	Stages() sandbox.Stages
 }
 
@@ -149,4 +151,13 @@ func (s *wsSource) Kill() error {
 func (s *wsSource) Wait() (sandbox.Result, error) {
 	<-s.done
 	return s.res, nil
+}
+
+// Ended is closed when Wait returns: a socket has nothing to clean up after.
+func (s *wsSource) Ended() <-chan struct{} { return s.done }
+
+// Result is Wait's result, once Ended is closed.
+func (s *wsSource) Result() sandbox.Result {
+	<-s.done
+	return s.res
 }

@@ -59,7 +59,8 @@ type Process struct {
 	// both when the init ended first.
 	joined, launched chan error
 
-	done   chan struct{} // closed when result and err are set and the cgroup is gone
+	ended  chan struct{} // closed when result is set: the job is over, its cgroup maybe not gone yet
+	done   chan struct{} // closed when err is set too and the cgroup is gone
 	result Result
 	err    error
 
@@ -182,7 +183,7 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 		return fail(err)
 	}
 	p := &Process{
-		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{}), tty: term != nil}, errs: errs, in: in, done: make(chan struct{}),
+		g: g, grace: grace, out: &output{f: r, closed: make(chan struct{}), tty: term != nil}, errs: errs, in: in, ended: make(chan struct{}), done: make(chan struct{}),
 		tty: term != nil, readonly: spec.Readonly, hasInput: in != nil, input: inputID,
 		kicked: make(chan struct{}), release: release, linger: spec.Linger, lingerCgroup: spec.LingerCgroup,
 		joined: make(chan error, 1), launched: make(chan error, 1),
@@ -236,6 +237,12 @@ func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) e
 	p.result, p.err = p.finish(g, cmd, ws, ok)
 	if p.in != nil {
 		p.in.Close() // nothing is left to read it
+	}
+	close(p.ended)
+	// Removing the cgroup waits out the kernel's EBUSY while the last process is torn down
+	// (retryRemove): the job's end is known before, and reported before (Ended).
+	if err := g.remove(); err != nil {
+		p.err = errors.Join(p.err, err)
 	}
 	release()
 	close(p.done)
@@ -320,11 +327,11 @@ func parseReport(line, prefix string) ([]time.Duration, bool) {
 }
 
 // finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
-// when its shell ends), the init step reaped, then the usage is read and the cgroup removed. A
+// when its shell ends), the init step reaped, then the usage is read. A
 // lingering job first waits until its output closes or it is killed; a job being killed first lets
 // what is left use the rest of the kill's grace, so that a child's SIGTERM handler is not cut off
 // when the shell dies first. ws is the job's program's wait status when the init reported one (ok),
-// else the init's own counts (it was killed with the job).
+// else the init's own counts (it was killed with the job). The caller removes the cgroup.
 func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool) (Result, error) {
 	var res Result
 	var errs []error
@@ -376,9 +383,6 @@ func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool)
 		errs = append(errs, fmt.Errorf("read usage: %w", err))
 	}
 	res.OOMKilled, res.CPU, res.MemoryPeak = u.oomKilled, u.cpu, u.memoryPeak
-	if err := g.remove(); err != nil {
-		errs = append(errs, err)
-	}
 	return res, errors.Join(errs...)
 }
 
@@ -531,6 +535,15 @@ func (p *Process) escalate() {
 	// An error here leaves processes that finish's own kill, after the main process dies, meets
 	// again and reports through Wait.
 	_ = g.kill()
+}
+
+// Ended is closed once the job is over and Result says how; its cgroup is removed after (Wait).
+func (p *Process) Ended() <-chan struct{} { return p.ended }
+
+// Result is how the job ended; valid once Ended is closed.
+func (p *Process) Result() Result {
+	<-p.ended
+	return p.result
 }
 
 // Wait waits for the main process to exit, kills whatever is left in the cgroup, reads the usage and

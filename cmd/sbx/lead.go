@@ -150,10 +150,26 @@ func (c *coordinatorRole) lead(ctx context.Context, nc *nats.Conn, cf coordinato
 	if err := state.Sync(ctx); err != nil {
 		return err
 	}
+	// Output is kept until retention removes its job (no RetainAge): an age limit on the stream would
+	// drop the first chunks of a job that ran longer than it while the job is still kept.
+	out, err := natsbus.OpenOutput(ctx, nc, terms, natsbus.OutputConfig{Replicas: cf.replicas, Logger: log})
+	if err != nil {
+		return err
+	}
+	// The unfinished jobs' files get what the stream holds past them (written by the coordinator that
+	// led before, or a data dir lost) before the service writes more.
+	unfinished, err := state.UnfinishedJobs(ctx)
+	if err != nil {
+		return err
+	}
+	if err := out.Sync(ctx, unfinished); err != nil {
+		return err
+	}
+	bus.SetOutput(out)
 	svc, err := coordinator.New(ctx, coordinator.Config{
 		CheckCwd: local, Logger: log, StallAfter: cf.stallAfter, InputStallAfter: cf.inputStallAfter, RunnerDeadline: cf.runnerDeadline, RetainAge: cf.retainAge, RetainBytes: api.retainBytes,
 		OutputBudget: api.outputBudget, MinFreeBytes: api.minFreeDisk, Idempotency: bus,
-	}, state, terms, bus)
+	}, state, out, bus)
 	if err != nil {
 		return err
 	}

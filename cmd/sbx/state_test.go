@@ -8,8 +8,8 @@ import (
 )
 
 // TestStateOutlivesTheDataDir: the coordinator's state is in JetStream, so a coordinator started on
-// the same NATS with a new, empty data dir (the first one's disk lost) shows the same job and the
-// same notification, with its seq, and the session's next notification takes the next seq.
+// the same NATS with a new, empty data dir (the first one's disk lost) shows the same job, its
+// output and the same notification, with its seq, and the session's next notification takes the next seq.
 func TestStateOutlivesTheDataDir(t *testing.T) {
 	n := newRestartableNATS(t, true)
 	first, c := startFleetCoordinator(t, n.url())
@@ -44,6 +44,10 @@ func TestStateOutlivesTheDataDir(t *testing.T) {
 	got, err := c.Job(t.Context(), job.ID)
 	if err != nil || got.Status != job.Status || got.CreatedAt != job.CreatedAt {
 		t.Fatalf("the job through a coordinator with a new data dir: %+v, %v; want %+v", got, err, job)
+	}
+	// Its output too: not in the new data dir, it is read from SBX_OUTPUT.
+	if out, total, err := c.Output(t.Context(), job.ID, 0, -1); err != nil || total != 5 || string(out) != "kept\n" {
+		t.Fatalf("the job's output through a coordinator with a new data dir: %q (total %d), %v", out, total, err)
 	}
 	after := notes(c, 1)
 	if len(after) != 1 || after[0].ID != before[0].ID || after[0].Seq != before[0].Seq {

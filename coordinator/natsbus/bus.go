@@ -104,6 +104,8 @@ type Bus struct {
 	js     jetstream.JetStream
 	work   jetstream.Stream
 	events jetstream.Stream
+	// output stores the output chunks the events carry (SetOutput); nil: they are only in files.
+	output *Output
 	// keys is the bucket of idempotency keys (IdempotencyStore).
 	keys jetstream.KeyValue
 	// workKey is the key of the work stream's ingest subjects (proto.WorkIngest).
@@ -277,21 +279,26 @@ func replicasError(stream string, replicas int, err error) error {
 // took in its work subjects themselves. Coordinators started together on a new stream may each
 // make one, and the last to configure the stream wins: start the first coordinator alone.
 func workKey(ctx context.Context, js jetstream.JetStream) (string, error) {
-	s, err := js.Stream(ctx, proto.WorkStream)
+	return ingestKey(ctx, js, proto.WorkStream, proto.WorkKeyOf)
+}
+
+// ingestKey returns the key that keyOf finds in the subjects of stream, or a new random one.
+func ingestKey(ctx context.Context, js jetstream.JetStream, stream string, keyOf func(string) (string, bool)) (string, error) {
+	s, err := js.Stream(ctx, stream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 	case err != nil:
-		return "", fmt.Errorf("stream %s: %w", proto.WorkStream, err)
+		return "", fmt.Errorf("stream %s: %w", stream, err)
 	default:
 		for _, subjects := range s.CachedInfo().Config.Subjects {
-			if key, ok := proto.WorkKeyOf(subjects); ok {
+			if key, ok := keyOf(subjects); ok {
 				return key, nil
 			}
 		}
 	}
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("work key: %w", err)
+		return "", fmt.Errorf("%s key: %w", stream, err)
 	}
 	return hex.EncodeToString(b[:]), nil
 }

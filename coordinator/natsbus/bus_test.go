@@ -39,6 +39,7 @@ func connectRunner(t *testing.T, nc *nats.Conn, id string) *nats.Conn {
 type coordinatorLife struct {
 	svc  *coordinator.Service
 	bus  *Bus
+	out  *Output
 	stop func()
 }
 
@@ -69,7 +70,12 @@ func startCoordinatorConfig(t *testing.T, nc *nats.Conn, dir string, cfg Config,
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := coordinator.New(ctx, coordinator.Config{}, db, terms, bus)
+	out, err := OpenOutput(ctx, nc, terms, OutputConfig{Replicas: cfg.Replicas})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus.SetOutput(out)
+	svc, err := coordinator.New(ctx, coordinator.Config{}, db, out, bus)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +94,7 @@ func startCoordinatorConfig(t *testing.T, nc *nats.Conn, dir string, cfg Config,
 		db.Close()
 	}
 	t.Cleanup(stop)
-	return &coordinatorLife{svc: svc, bus: bus, stop: stop}
+	return &coordinatorLife{svc: svc, bus: bus, out: out, stop: stop}
 }
 
 // fakeRunner publishes what a runner would, straight into the event stream. Its id is "r1" unless

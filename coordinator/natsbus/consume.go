@@ -32,7 +32,8 @@ var ErrConsumerGone = errors.New("natsbus: the event consumer is gone")
 // Consume feeds every event of the event stream and every heartbeat to h, answers the runners'
 // start confirmations (proto.ConfirmSubject), forwards their pulls for work (proto.PullPrefix) and
 // removes the work consumers of pools no runner names any more, until ctx ends. An event is
-// acked only after h stored it; one h cannot place yet is redelivered shortly; one that does not
+// acked only after h stored it, and after the output stream stored the output it carried
+// (SetOutput); one h cannot place yet is redelivered shortly; one that does not
 // decode, or is forged, is logged and terminated. A heartbeat counts only from the runner and for
 // the pool its subject names (with NATS auth, the runner that published it, and a pool its creds
 // name), and for at most MaxPoolsPerRunner pools a runner. Each heartbeat also makes sure the work
@@ -124,8 +125,39 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
+	next := make(chan delivery)
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		for {
+			msg, err := it.Next()
+			select {
+			case next <- delivery{msg, err}:
+			case <-stopped:
+				return
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return
+			}
+		}
+	}()
+	// Applied events are acked in batches: a batch ends when no event is waiting, or at ackBatch.
+	// Before the acks, the output the batch wrote must be in the output stream (SetOutput).
+	var batch []jetstream.Msg
+	defer func() { b.ackAll(batch) }()
 	for {
-		msg, err := it.Next()
+		var d delivery
+		if len(batch) == 0 {
+			d = <-next
+		} else {
+			select {
+			case d = <-next:
+			default:
+				batch = b.ackAll(batch)
+				continue
+			}
+		}
+		msg, err := d.msg, d.err
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -142,14 +174,59 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 			b.cfg.Logger.Warn("event stream", "err", err)
 		case err != nil:
 			b.cfg.Logger.Warn("event stream", "err", err)
-		default:
-			b.apply(ctx, h, msg)
+		case b.apply(ctx, h, msg):
+			if batch = append(batch, msg); len(batch) >= ackBatch {
+				batch = b.ackAll(batch)
+			}
 		}
 	}
 }
 
-// apply hands one message to h and acks, naks or terminates it.
-func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) {
+// delivery is one result of the event iterator.
+type delivery struct {
+	msg jetstream.Msg
+	err error
+}
+
+// ackBatch is the most events applied before their acks.
+const ackBatch = 256
+
+// SetOutput makes Consume wait, before it acks events, for o to have stored the output they carried
+// (Output.Flush). Call it before Consume.
+func (b *Bus) SetOutput(o *Output) { b.output = o }
+
+// ackAll acks the applied events of batch once their output is stored; when it cannot be, they are
+// redelivered and applied again. It returns batch emptied.
+func (b *Bus) ackAll(batch []jetstream.Msg) []jetstream.Msg {
+	if len(batch) == 0 {
+		return batch
+	}
+	if b.output != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), outputAckWait)
+		err := b.output.Flush(ctx)
+		cancel()
+		if err != nil {
+			b.cfg.Logger.Error("output not stored: its events are applied again", "events", len(batch), "err", err)
+			for _, msg := range batch {
+				if err := msg.NakWithDelay(time.Second); err != nil {
+					b.cfg.Logger.Warn("nak event", "subject", msg.Subject(), "err", err)
+				}
+			}
+			clear(batch)
+			return batch[:0]
+		}
+	}
+	for _, msg := range batch {
+		if err := msg.Ack(); err != nil {
+			b.cfg.Logger.Warn("ack event", "subject", msg.Subject(), "err", err)
+		}
+	}
+	clear(batch)
+	return batch[:0]
+}
+
+// apply hands one message to h and naks or terminates it, or reports that it is to be acked.
+func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) bool {
 	from, job, kind, ok := proto.ParseEventSubject(msg.Subject())
 	var err error
 	switch {
@@ -173,7 +250,7 @@ func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) {
 	}
 	switch {
 	case err == nil:
-		err = msg.Ack()
+		return true
 	case errors.Is(err, proto.ErrInvalid):
 		b.cfg.Logger.Error("dropping undecodable event", "subject", msg.Subject(), "err", err)
 		err = msg.Term()
@@ -189,4 +266,5 @@ func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) {
 	if err != nil {
 		b.cfg.Logger.Warn("ack event", "subject", msg.Subject(), "err", err)
 	}
+	return false
 }

@@ -284,8 +284,10 @@ func TestRunnerPermissions(t *testing.T) {
 	}
 	wantViolation(t, errs, proto.StateSubject("r2", "j1"))
 	// Nor heartbeat as another runner, or for a pool its creds do not name: the coordinator makes
-	// work consumers for the pools heartbeats name.
-	for _, subject := range []string{proto.HeartbeatSubject("r2", "default"), proto.HeartbeatSubject("r1", "other")} {
+	// work consumers for the pools heartbeats name. Nor write a job's output where the coordinator
+	// keeps it.
+	for _, subject := range []string{proto.HeartbeatSubject("r2", "default"), proto.HeartbeatSubject("r1", "other"),
+		proto.JobOutputSubject("j1"), proto.OutputIngest("k3y", "j1")} {
 		if err := rc.Publish(subject, []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
