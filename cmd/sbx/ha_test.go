@@ -84,9 +84,10 @@ func leads(ctx context.Context, c *client.Client) bool {
 }
 
 // TestSeveralCoordinators: two coordinators on a 3-node NATS cluster serve one state. Jobs started
-// through either are seen through both; when the leader is killed mid-workload (SIGKILL), the other
-// takes over, and every job ends with every byte of its output, one finished notification, and its
-// command started once.
+// through either are seen through both, and a keyed retry through the other is the same job; when
+// the leader is killed mid-workload (SIGKILL), the other takes over, and every job ends with every
+// byte of its output, one finished notification, and its command started once. Then the NATS server
+// leading the work stream goes, and starts succeed again.
 func TestSeveralCoordinators(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a NATS cluster and coordinator processes")
@@ -119,18 +120,24 @@ func TestSeveralCoordinators(t *testing.T) {
 	const jobs, n = 8, 3000
 	ids := make([]string, jobs)
 	for i := range jobs {
-		c := []*client.Client{ca, cb}[i%2]
-		r, err := c.Start(t.Context(), client.StartRequest{
+		c, other := []*client.Client{ca, cb}[i%2], []*client.Client{cb, ca}[i%2]
+		req := client.StartRequest{
 			Cwd:            marks,
 			Command:        fmt.Sprintf("echo x >> start-%d; seq 1 %d; sleep 6; seq %d %d", i, n, n+1, 2*n),
 			IdempotencyKey: client.NewIdempotencyKey(),
-		})
+		}
+		r, err := c.Start(t.Context(), req)
 		if err != nil {
 			t.Fatalf("start %d: %v", i, err)
 		}
 		ids[i] = r.Job.ID
+		// A retry with the key, through the other coordinator, is the same job.
+		again, err := other.Start(t.Context(), req)
+		if err != nil || again.Job.ID != r.Job.ID {
+			t.Fatalf("start %d repeated through the other coordinator: %+v, %v; want job %s", i, again, err, r.Job.ID)
+		}
 		// Seen through the other coordinator as soon as the start returned.
-		if _, err := []*client.Client{cb, ca}[i%2].Job(t.Context(), r.Job.ID); err != nil {
+		if _, err := other.Job(t.Context(), r.Job.ID); err != nil {
 			t.Fatalf("job %s started through one coordinator, not seen through the other: %v", r.Job.ID, err)
 		}
 	}
