@@ -30,8 +30,8 @@ import (
 // Coordinators are active/standby (docs/decisions.md, "Several coordinators"): the one holding the
 // lease (natsbus.Lease) runs the service and every duty that must happen once; the others forward
 // the API to it. When the lease comes to this one, its forwarder hands the socket to the API
-// (httpapi.Handoff). When the lease is lost, serveCoordinator returns an error: the process exits
-// and its supervisor starts it again, as a standby; nothing of a lost lead is kept.
+// (httpapi.Handoff). When the lease is lost (NATS out of reach past the step-down, the process
+// frozen), the service stops, nothing of it is kept, and the coordinator is a standby again.
 func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *api, local bool, log *slog.Logger, ready func()) error {
 	id, err := coordinatorID(cf.data)
 	if err != nil {
@@ -52,28 +52,37 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	c := &coordinatorRole{id: id, lease: lease, handoff: handoff, ready: sync.OnceFunc(ready)}
 	fcfg := api.cfg
 	fcfg.Role = c.role
-	c.fwd = httpapi.NewForwarder(fcfg, c.leader)
-	ln, err := handoff.Listener()
-	if err != nil {
-		return err
-	}
-	c.fwd.Open(ln)
-	defer func() {
-		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), httpapi.ShutdownTimeout)
-		defer cancel()
-		if err := c.fwd.Close(shutdown); err != nil {
-			log.Warn("closing the standby's forwarder", "err", err)
-		}
-	}()
 	go c.readyOnceLed(ctx)
-	err = lease.Run(ctx, func(ctx context.Context) error {
-		log.Info("this coordinator leads")
-		return c.lead(ctx, nc, cf, api, local, log)
-	})
-	if ctx.Err() != nil {
-		return nil
+	for {
+		// A standby until the lease comes: the forwarder serves the socket.
+		fwd := httpapi.NewForwarder(fcfg, c.leader)
+		ln, err := handoff.Listener()
+		if err != nil {
+			return err
+		}
+		fwd.Open(ln)
+		c.fwd = fwd
+		err = lease.Run(ctx, func(ctx context.Context) error {
+			log.Info("this coordinator leads")
+			return c.lead(ctx, nc, cf, api, local, log)
+		})
+		c.serving.Store(false)
+		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), httpapi.ShutdownTimeout)
+		if cerr := fwd.Close(shutdown); cerr != nil {
+			log.Warn("closing the standby's forwarder", "err", cerr)
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !errors.Is(err, natsbus.ErrLeaseLost) {
+			return err
+		}
+		// Cut off from NATS (or frozen) past the step-down: another coordinator may lead now.
+		// This one stopped its service and serves as a standby again; a lease still its own
+		// when NATS is back it takes back at once.
+		log.Warn("this coordinator stopped leading; it forwards to the leader until it leads again", "err", err)
 	}
-	return err
 }
 
 // coordinatorRole is a coordinator's part in the fleet: standby (fwd serves the socket) or leader.

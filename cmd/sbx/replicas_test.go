@@ -32,7 +32,7 @@ func TestCoordinatorReplicasSingleServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	err := run(ctx, []string{"coordinator", "--nats", ns.ClientURL(), "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--replicas", "3"}, os.Getenv, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "stream SBX_WORK with 3 replicas: NATS is a single server, not a cluster") {
-		t.Fatalf("coordinator --replicas 3 on one server: %v; want an error naming SBX_WORK and the missing cluster", err)
+	if err == nil || !strings.Contains(err.Error(), "stream KV_SBX_LEASE with 3 replicas: NATS is a single server, not a cluster") {
+		t.Fatalf("coordinator --replicas 3 on one server: %v; want an error naming the lease bucket (the first made) and the missing cluster", err)
 	}
 }
