@@ -85,11 +85,11 @@ type Server struct {
 
 	// ctx is the base context of every request; Close cancels it so that long waits and output
 	// streams end instead of holding the shutdown up.
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // the Serve goroutine
-	served chan struct{}  // closed when the Serve goroutine ends
-	mu     sync.Mutex
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // the Serve goroutine
+	served  chan struct{}  // closed when the Serve goroutine ends
+	mu      sync.Mutex
 	srv     *http.Server   // set by Open
 	conns   *limitListener // set by Open
 	stopped bool           // by StopAccepting
