@@ -101,18 +101,9 @@ func OpenLease(ctx context.Context, nc *nats.Conn, cfg LeaseConfig) (*Lease, err
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if err := checkReplicas(ctx, js, "KV_"+LeaseBucket, cfg.Replicas, ", or delete the bucket "+LeaseBucket+" (nothing is lost: the lease forms again) and start again"); err != nil {
-		return nil, err
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:   LeaseBucket,
-		History:  1,
-		Storage:  jetstream.FileStorage,
-		Replicas: cfg.Replicas,
-		MaxBytes: -1,
-	})
+	kv, _, err := bucket(ctx, js, LeaseBucket, 0, cfg.Replicas, ", or delete the bucket "+LeaseBucket+" (nothing is lost: the lease forms again) and start again")
 	if err != nil {
-		return nil, replicasError("KV_"+LeaseBucket, cfg.Replicas, err)
+		return nil, err
 	}
 	w, err := kv.Watch(ctx, leaseKey)
 	if err != nil {

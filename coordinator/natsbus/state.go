@@ -102,10 +102,10 @@ func OpenState(ctx context.Context, nc *nats.Conn, cache StateCache, cfg StateCo
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	s := &State{cfg: cfg, nc: nc, cache: cache}
-	if s.state, s.stateStream, err = bucket(ctx, js, StateBucket, 0, cfg.Replicas); err != nil {
+	if s.state, s.stateStream, err = bucket(ctx, js, StateBucket, 0, cfg.Replicas, stateRemedy); err != nil {
 		return nil, err
 	}
-	if s.notes, s.notesStream, err = bucket(ctx, js, NotesBucket, cfg.RetainAge, cfg.Replicas); err != nil {
+	if s.notes, s.notesStream, err = bucket(ctx, js, NotesBucket, cfg.RetainAge, cfg.Replicas, stateRemedy); err != nil {
 		return nil, err
 	}
 	if err := s.migrate(ctx); err != nil {
@@ -114,11 +114,12 @@ func OpenState(ctx context.Context, nc *nats.Conn, cache StateCache, cfg StateCo
 	return s, nil
 }
 
-// bucket creates or updates a bucket of the state, keeping values for ttl (0: for ever), and returns
-// it with its stream.
-func bucket(ctx context.Context, js jetstream.JetStream, name string, ttl time.Duration, replicas int) (jetstream.KeyValue, jetstream.Stream, error) {
+// bucket creates or updates a bucket of sbx's (one value a key, no byte bound, file storage, replicas
+// as the streams), keeping values for ttl (0: for ever), and returns it with its stream. An existing
+// bucket of another replica count is refused with remedy (checkReplicas).
+func bucket(ctx context.Context, js jetstream.JetStream, name string, ttl time.Duration, replicas int, remedy string) (jetstream.KeyValue, jetstream.Stream, error) {
 	stream := "KV_" + name
-	if err := checkReplicas(ctx, js, stream, replicas, stateRemedy); err != nil {
+	if err := checkReplicas(ctx, js, stream, replicas, remedy); err != nil {
 		return nil, nil, err
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
