@@ -47,8 +47,15 @@ func composeCLI() []string {
 
 // startFleet builds the images (deploy/images.sh: base images only when absent; the sbx image of this
 // checkout every time, under a tag of its own so that other checkouts' tests do not replace it) and
-// brings up a compose project with a unique name, torn down with its volumes when the test ends.
+// brings up docker-compose.yml as a project with a unique name, torn down with its volumes when the
+// test ends.
 func startFleet(t *testing.T) *fleet {
+	t.Helper()
+	return startFleetFrom(t, "docker-compose.yml", "--profile", "gpu", "up", "-d", "--no-build", "--scale", "runner=3")
+}
+
+// startFleetFrom is startFleet with another compose file of the checkout and up command.
+func startFleetFrom(t *testing.T, file string, up ...string) *fleet {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("the docker fleet takes minutes: not with -short")
@@ -71,8 +78,8 @@ func startFleet(t *testing.T) *fleet {
 	image := "sbx:test-" + hex.EncodeToString(sum[:4])
 	f := &fleet{t: t, compose: cli, project: "sbxtest" + rand.Text()[:8], image: image}
 	f.project = strings.ToLower(f.project)
-	f.env = append(os.Environ(), "SBX_IMAGE="+image, "SBX_PUBLISH=127.0.0.1:", "SBX_SLOTS=2",
-		"COMPOSE_PROJECT_NAME="+f.project, "COMPOSE_FILE="+filepath.Join(root, "docker-compose.yml"))
+	f.env = append(os.Environ(), "SBX_IMAGE="+image, "SBX_PUBLISH=127.0.0.1:", "SBX_PUBLISH_1=127.0.0.1:", "SBX_PUBLISH_2=127.0.0.1:",
+		"SBX_SLOTS=2", "COMPOSE_PROJECT_NAME="+f.project, "COMPOSE_FILE="+filepath.Join(root, file))
 
 	start := time.Now()
 	build := exec.Command(filepath.Join(root, "deploy/images.sh"))
@@ -91,7 +98,7 @@ func startFleet(t *testing.T) *fleet {
 			t.Errorf("compose down: %v\n%s", err, out)
 		}
 	})
-	f.must("--profile", "gpu", "up", "-d", "--no-build", "--scale", "runner=3")
+	f.must(up...)
 	t.Logf("fleet %s up in %s", f.project, time.Since(start).Round(time.Second))
 	return f
 }
@@ -145,8 +152,14 @@ func (f *fleet) runnerContainer(runner string) string {
 // the token the init service generated.
 func (f *fleet) client() *client.Client {
 	f.t.Helper()
-	port := strings.TrimSpace(f.must("port", "coordinator", "7070"))
-	token := strings.TrimSpace(f.must("exec", "-T", "coordinator", "cat", "/run/sbx/token"))
+	return f.clientOf("coordinator")
+}
+
+// clientOf is client for the coordinator of service.
+func (f *fleet) clientOf(service string) *client.Client {
+	f.t.Helper()
+	port := strings.TrimSpace(f.must("port", service, "7070"))
+	token := strings.TrimSpace(f.must("exec", "-T", service, "cat", "/run/sbx/token"))
 	if port == "" || token == "" {
 		f.t.Fatalf("coordinator port %q, token %q", port, token)
 	}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sbx-dev/sbx/coordinator/client"
+)
+
+// TestComposeHA brings up docker-compose.ha.yml (three NATS servers clustered, two coordinators,
+// two runners) and checks, with the checkable workload of TestComposeFleet, through the published
+// ports as a user would: jobs started through either coordinator are seen through both; the leading
+// coordinator killed mid-workload, then a NATS server killed mid-workload, lose nothing: every job
+// ends with every byte of its output, one finished notification, its command started once.
+func TestComposeHA(t *testing.T) {
+	f := startFleetFrom(t, "docker-compose.ha.yml", "up", "-d", "--no-build", "--scale", "runner=2")
+	ctx := t.Context()
+	c1, c2 := f.clientOf("coordinator-1"), f.clientOf("coordinator-2")
+	f.runners(ctx, c1, 2)
+	f.runners(ctx, c2, 2)
+
+	leads := func(c *client.Client) bool {
+		body, err := c.Do(ctx, "GET", "/readyz", nil)
+		return err == nil && strings.Contains(string(body), `"leader":true`)
+	}
+	leader, survivor := "coordinator-1", c2
+	if !leads(c1) {
+		leader, survivor = "coordinator-2", c1
+	}
+
+	t.Run("kill-leader", func(t *testing.T) {
+		const session, n = "kill-leader", 2000
+		tg := tags("lead", 6)
+		var ids []string
+		for i, tag := range tg {
+			c := []*client.Client{c1, c2}[i%2]
+			ids = append(ids, startJobs(t, ctx, c, session, []string{tag}, 8*time.Second, n)...)
+			if _, err := []*client.Client{c2, c1}[i%2].Job(ctx, ids[i]); err != nil {
+				t.Fatalf("job %s started through one coordinator, not seen through the other: %v", ids[i], err)
+			}
+		}
+		for _, id := range ids {
+			pollJob(t, ctx, survivor, id, time.Minute, jobRunning)
+		}
+		killed := time.Now()
+		f.docker("kill", f.container(leader))
+		for deadline := time.Now().Add(30 * time.Second); !leads(survivor); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the other coordinator does not lead 30 s after %s was killed", leader)
+			}
+		}
+		t.Logf("the other coordinator leads %s after %s was killed", time.Since(killed).Round(time.Millisecond), leader)
+		for _, id := range ids {
+			pollJob(t, ctx, survivor, id, 90*time.Second, jobEnded)
+			checkOutput(t, ctx, survivor, id, n)
+		}
+		finishedOnce(t, ctx, survivor, session, ids)
+		startedOnce(t, f.startLog(), tg)
+	})
+
+	t.Run("kill-nats", func(t *testing.T) {
+		const session, n = "kill-nats", 2000
+		tg := tags("nats", 4)
+		ids := startJobs(t, ctx, survivor, session, tg, 6*time.Second, n)
+		for _, id := range ids {
+			pollJob(t, ctx, survivor, id, time.Minute, jobRunning)
+		}
+		f.docker("kill", f.container("nats-2"))
+		for _, id := range ids {
+			pollJob(t, ctx, survivor, id, 90*time.Second, jobEnded)
+			checkOutput(t, ctx, survivor, id, n)
+		}
+		after := startAfterOutage(t, ctx, survivor, session, "nats-after")
+		pollJob(t, ctx, survivor, after, time.Minute, jobEnded)
+		checkOutput(t, ctx, survivor, after, 10)
+		finishedOnce(t, ctx, survivor, session, append(ids, after))
+		startedOnce(t, f.startLog(), append(tg, "nats-after"))
+	})
+}
