@@ -72,16 +72,26 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 			log.Warn("closing the standby's forwarder", "err", cerr)
 		}
 		cancel()
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return nil
-		}
-		if !errors.Is(err, natsbus.ErrLeaseLost) {
+		case errors.Is(err, natsbus.ErrLeaseLost):
+			// Cut off from NATS (or frozen) past the step-down: another coordinator may lead now.
+			// This one stopped its service and serves as a standby again; a lease still its own
+			// when NATS is back it takes back at once.
+			log.Warn("this coordinator stopped leading; it forwards to the leader until it leads again", "err", err)
+		case natsbus.NotReady(err):
+			// JetStream stopped answering while this coordinator led or took the lead (a NATS
+			// server lost, its streams electing new leaders): it lets the lease go and tries again.
+			log.Warn("this coordinator stopped leading: JetStream does not answer; it tries again", "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(dialRetry):
+			}
+		default:
 			return err
 		}
-		// Cut off from NATS (or frozen) past the step-down: another coordinator may lead now.
-		// This one stopped its service and serves as a standby again; a lease still its own
-		// when NATS is back it takes back at once.
-		log.Warn("this coordinator stopped leading; it forwards to the leader until it leads again", "err", err)
 	}
 }
 
