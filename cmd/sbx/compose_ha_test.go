@@ -35,13 +35,13 @@ func TestComposeHA(t *testing.T) {
 		var ids []string
 		for i, tag := range tg {
 			c := []*client.Client{c1, c2}[i%2]
-			ids = append(ids, startJobs(t, ctx, c, session, []string{tag}, 8*time.Second, n)...)
+			ids = append(ids, startJobs(t, ctx, c, session, []string{tag}, 15*time.Second, n)...)
 			if _, err := []*client.Client{c2, c1}[i%2].Job(ctx, ids[i]); err != nil {
 				t.Fatalf("job %s started through one coordinator, not seen through the other: %v", ids[i], err)
 			}
 		}
 		for _, id := range ids {
-			pollJob(t, ctx, survivor, id, time.Minute, jobRunning)
+			pollJob(t, ctx, survivor, id, time.Minute, jobStarted)
 		}
 		killed := time.Now()
 		f.docker("kill", f.container(leader))
@@ -52,7 +52,9 @@ func TestComposeHA(t *testing.T) {
 		}
 		t.Logf("the other coordinator leads %s after %s was killed", time.Since(killed).Round(time.Millisecond), leader)
 		for _, id := range ids {
-			pollJob(t, ctx, survivor, id, 90*time.Second, jobEnded)
+			if j := pollJob(t, ctx, survivor, id, 90*time.Second, jobEnded); j.EndedAt.Before(killed) {
+				t.Errorf("job %s ended before %s was killed: the case tests nothing for it", id, leader)
+			}
 			checkOutput(t, ctx, survivor, id, n)
 		}
 		finishedOnce(t, ctx, survivor, session, ids)
@@ -62,13 +64,16 @@ func TestComposeHA(t *testing.T) {
 	t.Run("kill-nats", func(t *testing.T) {
 		const session, n = "kill-nats", 2000
 		tg := tags("nats", 4)
-		ids := startJobs(t, ctx, survivor, session, tg, 6*time.Second, n)
+		ids := startJobs(t, ctx, survivor, session, tg, 15*time.Second, n)
 		for _, id := range ids {
-			pollJob(t, ctx, survivor, id, time.Minute, jobRunning)
+			pollJob(t, ctx, survivor, id, time.Minute, jobStarted)
 		}
+		killed := time.Now()
 		f.docker("kill", f.container("nats-2"))
 		for _, id := range ids {
-			pollJob(t, ctx, survivor, id, 90*time.Second, jobEnded)
+			if j := pollJob(t, ctx, survivor, id, 90*time.Second, jobEnded); j.EndedAt.Before(killed) {
+				t.Errorf("job %s ended before nats-2 was killed: the case tests nothing for it", id)
+			}
 			checkOutput(t, ctx, survivor, id, n)
 		}
 		after := startAfterOutage(t, ctx, survivor, session, "nats-after")
@@ -78,3 +83,6 @@ func TestComposeHA(t *testing.T) {
 		startedOnce(t, f.startLog(), append(tg, "nats-after"))
 	})
 }
+
+// jobStarted: the job left the queue (it runs, or already ended: the caller checks when).
+func jobStarted(j *client.Job) bool { return j.Status != "queued" }
