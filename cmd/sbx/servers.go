@@ -114,6 +114,12 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.IntVar(&c.replicas, "replicas", 1, "replicas of each NATS stream sbx makes: above 1 needs a NATS cluster of at least that many JetStream servers, and keeps queued work when one is lost")
 }
 
+// serveLeaseTTL is serve's lease: its embedded NATS has no other coordinator to hand over to, and a
+// machine too loaded to renew within the default TTL's step-down (seen under emulation, with a job
+// writing 100 MB) would stop and restart its service for nothing, cutting the streams open. A
+// restarted serve takes its own lease back at once whatever the TTL.
+const serveLeaseTTL = time.Minute
+
 // registerFleet registers the flags of a coordinator that shares its NATS with others.
 func (c *coordinatorFlags) registerFleet(fs *flag.FlagSet) {
 	fs.StringVar(&c.advertise, "advertise", "", "URL the other coordinators forward calls to while this one leads (default: http(s)://LISTEN, with the host's name when LISTEN is 0.0.0.0 or [::])")
@@ -369,6 +375,7 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if cf.replicas != 1 {
 		return usageError("serve --replicas must be 1: its embedded NATS is a single server; run 'sbx coordinator --replicas N' on a NATS cluster")
 	}
+	cf.leaseTTL = serveLeaseTTL
 	log := newLogger(stderr)
 	host, port, err := splitHostPort(*natsListen)
 	if err != nil {
