@@ -228,7 +228,9 @@ func ended(j *client.Job) bool {
 // with its whole output.
 func TestNATSOutage(t *testing.T) {
 	n := newRestartableNATS(t, true)
-	_, c := startFleetCoordinator(t, n.url())
+	// A lease longer than the outage: past its step-down the coordinator would answer every call
+	// 503 until NATS is back (TestCoordinatorCutOff), and this test reads the jobs meanwhile.
+	_, c := startFleetCoordinator(t, n.url(), "--lease-ttl", "1m")
 	startFleetRunner(t, n.url(), "outage")
 	waitRunner(t, c, "outage")
 	dir := jobDir(t)
