@@ -131,6 +131,21 @@ func (r *fakeRunner) chunk(id string, off int64, data string) {
 	}
 }
 
+// startedJob starts a job on svc and plays its runner's accepted and started events through js; it
+// returns the job's id and the runner, to play the rest.
+func startedJob(t *testing.T, svc *coordinator.Service, js jetstream.JetStream) (string, *fakeRunner) {
+	t.Helper()
+	res, err := svc.Start(t.Context(), coordinator.StartRequest{Command: "echo", Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Job.ID
+	r := &fakeRunner{t: t, js: js, claims: map[string]string{id: claimOf(t, svc, id)}}
+	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
+	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	return id, r
+}
+
 // claimOf returns the claim of a job the coordinator started.
 func claimOf(t *testing.T, svc *coordinator.Service, id string) string {
 	t.Helper()
@@ -148,15 +163,8 @@ func TestRestartResumes(t *testing.T) {
 	dir := t.TempDir()
 	ctx := t.Context()
 	first := startCoordinator(t, nc, dir)
-	res, err := first.svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := res.Job.ID
 	js, _ := jetstream.New(nc)
-	r := &fakeRunner{t: t, js: js, claims: map[string]string{id: claimOf(t, first.svc, id)}}
-	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
-	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	id, r := startedJob(t, first.svc, js)
 	r.chunk(id, 0, "before restart\n")
 	if w, err := first.svc.Wait(ctx, id, 5*time.Second, mustCompile(t, "before")); err != nil || !w.PatternMatched {
 		t.Fatalf("first life did not see the output: %+v %v", w, err)
@@ -506,15 +514,8 @@ func TestCrashRecovery(t *testing.T) {
 		return h
 	})
 	svc := first.svc
-	res, err := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := res.Job.ID
 	js, _ := jetstream.New(base)
-	r := &fakeRunner{t: t, js: js, claims: map[string]string{id: claimOf(t, svc, id)}}
-	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
-	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	id, r := startedJob(t, svc, js)
 	code := 3
 	r.event(&proto.Event{Kind: proto.EventExited, JobID: id, ExitCode: &code, Reason: proto.ReasonExit})
 	select {

@@ -264,15 +264,8 @@ func TestEventsAckedAfterOutputStored(t *testing.T) {
 	nc := startNATS(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
-	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := res.Job.ID
 	js, _ := jetstream.New(nc)
-	r := &fakeRunner{t: t, js: js, claims: map[string]string{id: claimOf(t, c.svc, id)}}
-	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
-	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	id, r := startedJob(t, c.svc, js)
 	r.chunk(id, 0, "kept\n")
 	if w, err := c.svc.Wait(ctx, id, 5*time.Second, mustCompile(t, "kept")); err != nil || !w.PatternMatched {
 		t.Fatalf("the output was not applied: %+v %v", w, err)
@@ -400,15 +393,8 @@ func TestServiceOutputWithoutFile(t *testing.T) {
 	nc := startNATS(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
-	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := res.Job.ID
 	js, _ := jetstream.New(nc)
-	r := &fakeRunner{t: t, js: js, claims: map[string]string{id: claimOf(t, c.svc, id)}}
-	r.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
-	r.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 42})
+	id, r := startedJob(t, c.svc, js)
 	data := body(3 * proto.MaxChunkBytes / 2)
 	r.chunk(id, 0, string(data[:proto.MaxChunkBytes]))
 	r.chunk(id, proto.MaxChunkBytes, string(data[proto.MaxChunkBytes:]))
