@@ -205,15 +205,11 @@ func TestSeveralCoordinators(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := js.Stream(t.Context(), "SBX_WORK")
+	work, err := js.Stream(t.Context(), "SBX_WORK")
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := cluster.Server(info.CachedInfo().Cluster.Leader)
-	if node == nil {
-		t.Fatalf("work stream leader %q is none of the cluster's", info.CachedInfo().Cluster.Leader)
-	}
-	node.Shutdown()
+	cluster.ShutdownLeader(t, work)
 	lost := time.Now()
 	for i := range 4 {
 		var r *client.StartReply

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Cluster is a NATS cluster of in-process servers with JetStream, each storing in its own temporary
@@ -110,4 +111,20 @@ func freePorts(t testing.TB, n int) []int {
 		ports[i] = ln.Addr().(*net.TCPAddr).Port
 	}
 	return ports
+}
+
+// ShutdownLeader shuts down the server leading stream (as its info says now) and returns it.
+func (c *Cluster) ShutdownLeader(t testing.TB, stream jetstream.Stream) *server.Server {
+	t.Helper()
+	info, err := stream.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := c.Server(info.Cluster.Leader)
+	if leader == nil {
+		t.Fatalf("stream %s's leader %q is none of the cluster's servers", info.Config.Name, info.Cluster.Leader)
+	}
+	leader.Shutdown()
+	leader.WaitForShutdown()
+	return leader
 }

@@ -46,16 +46,7 @@ func TestReplicasSurviveLeaderLoss(t *testing.T) {
 		waitReplicas(t, s, 3)
 	}
 
-	info, err := bus.work.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader := cluster.Server(info.Cluster.Leader)
-	if leader == nil {
-		t.Fatalf("work stream leader %q is none of the cluster's servers", info.Cluster.Leader)
-	}
-	leader.Shutdown()
-	leader.WaitForShutdown()
+	leader := cluster.ShutdownLeader(t, bus.work)
 
 	// Each attempt is a new job, as each start the coordinator refuses is: a failed dispatch
 	// withdraws its work (settle), and the stream would take the same id again as a duplicate of
@@ -77,7 +68,7 @@ func TestReplicasSurviveLeaderLoss(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	queued[seq] = id
-	info, err = bus.work.Info(ctx)
+	info, err := bus.work.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -369,16 +369,7 @@ func TestStateReplicasSurviveLeaderLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	info, err := s.stateStream.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader := cluster.Server(info.Cluster.Leader)
-	if leader == nil {
-		t.Fatalf("state bucket leader %q is none of the cluster's servers", info.Cluster.Leader)
-	}
-	leader.Shutdown()
-	leader.WaitForShutdown()
+	leader := cluster.ShutdownLeader(t, s.stateStream)
 	// A write whose outcome is unknown is written again, as the service's retry would: the same
 	// value at the same key, the same seq.
 	retry := func(what string, write func(context.Context) error) {
