@@ -99,7 +99,14 @@ func TestRetentionAge(t *testing.T) {
 	if !present(t, svc, recent) || !present(t, svc, running) {
 		t.Error("a recent or running job was removed")
 	}
-	after, _, err := svc.Notifications(t.Context(), coordinator.NotificationQuery{Session: "default", After: &zero})
+	// The pass removes the records first and the notifications after: wait for the pass to end.
+	var after []*coordinator.Notification
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		after, _, err = svc.Notifications(t.Context(), coordinator.NotificationQuery{Session: "default", After: &zero})
+		if err != nil || len(after) <= 1 && svc.Stats().NotificationsRemoved > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil || len(after) != 1 || after[0].JobID != recent {
 		t.Fatalf("notifications after retention: %+v, %v; want only the recent job's", after, err)
 	}
