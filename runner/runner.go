@@ -493,13 +493,22 @@ func (r *Runner) heartbeat(ctx context.Context) {
 			Cgroup: r.mgr.Describe(), Labels: r.cfg.Labels, Version: r.cfg.Version, Boot: r.boot, Time: time.Now(),
 			Draining: r.draining.Load(), Jobs: ids[:min(len(ids), proto.MaxHeartbeatJobs)],
 		}
+		sent := time.Now()
 		err := r.nc.Publish(proto.HeartbeatSubject(r.cfg.ID, r.cfg.Pool), proto.Encode(hb))
+		published := time.Since(sent)
 		if err == nil {
 			err = r.nc.FlushTimeout(r.cfg.HeartbeatInterval)
 		}
+		took := time.Since(sent)
 		if err != nil {
-			r.cfg.Logger.Warn("heartbeat", "err", err)
+			r.cfg.Logger.Warn("heartbeat", "err", err, "took", took.Round(time.Millisecond))
 		} else {
+			// A heartbeat late to reach NATS eats into the fence: say where the time went (the
+			// publish waits for the connection, shared with the jobs' output; the flush for the
+			// server's answer).
+			if took > r.cfg.HeartbeatInterval/2 {
+				r.cfg.Logger.Warn("heartbeat slow to reach NATS", "took", took.Round(time.Millisecond), "publish", published.Round(time.Millisecond))
+			}
 			reached = time.Now()
 			r.renewFence()
 		}

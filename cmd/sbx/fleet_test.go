@@ -229,9 +229,12 @@ func ended(j *client.Job) bool {
 func TestNATSOutage(t *testing.T) {
 	n := newRestartableNATS(t, true)
 	// A lease longer than the outage: past its step-down the coordinator would answer every call
-	// 503 until NATS is back (TestCoordinatorCutOff), and this test reads the jobs meanwhile.
-	_, c := startFleetCoordinator(t, n.url(), "--lease-ttl", "1m")
-	startFleetRunner(t, n.url(), "outage")
+	// 503 until NATS is back (TestCoordinatorCutOff), and this test reads the jobs meanwhile. A
+	// runner deadline longer than it too: the job runs through it unless the runner's fence, 6 s by
+	// default, fires first, and NATS's restart and the reconnect took longer than that on the slow
+	// cgroup v2 guest (the fence: fence_test.go).
+	_, c := startFleetCoordinator(t, n.url(), "--lease-ttl", "1m", "--runner-deadline", "1m")
+	startFleetRunner(t, n.url(), "outage", "--runner-deadline", "1m")
 	waitRunner(t, c, "outage")
 	dir := jobDir(t)
 	through, err := c.Start(t.Context(), client.StartRequest{Command: "echo before; sleep 2; echo after", Cwd: dir})
