@@ -1,5 +1,5 @@
-// Package client is the Go client of sbx's HTTP API (see API.md). It has its own wire types, which
-// mirror the API's JSON field for field, so that it depends on the API and not on the server's code.
+// Package client is the Go client of sbx's HTTP API (see API.md). Its wire types are package api's,
+// which the server encodes too, so that it depends on the API and not on the server's code.
 package client
 
 import (
@@ -17,6 +17,8 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+
+	"github.com/sbx-dev/sbx/coordinator/api"
 )
 
 // Bounds of what the client reads.
@@ -112,15 +114,10 @@ func certPool(path string) (*x509.CertPool, error) {
 }
 
 // JobPath is the path of a job ("/v1/jobs/{id}") followed by suffix ("/wait?timeout_ms=0").
-func JobPath(id, suffix string) string { return "/v1/jobs/" + escapeID(id) + suffix }
+func JobPath(id, suffix string) string { return api.JobPath(id) + suffix }
 
 // SessionPath is the path of a session ("/v1/sessions/{id}") followed by suffix ("/renew").
-func SessionPath(id, suffix string) string { return "/v1/sessions/" + escapeID(id) + suffix }
-
-// escapeID makes id one path segment, whatever it holds: url.PathEscape, and dots escaped too, so
-// that "." and ".." reach the server as ids (which it refuses) rather than as segments that move
-// the path to another route.
-func escapeID(id string) string { return strings.ReplaceAll(url.PathEscape(id), ".", "%2E") }
+func SessionPath(id, suffix string) string { return api.SessionPath(id) + suffix }
 
 // Error is an error reply of the API.
 type Error struct {
@@ -233,7 +230,7 @@ func (c *Client) sendTo(ctx context.Context, addr, method, path string, hasBody 
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	if c.Session != "" {
-		req.Header.Set("Sbx-Session", c.Session)
+		req.Header.Set(api.HeaderSession, c.Session)
 	}
 	resp, err := c.HTTPClient.Do(req)
 	if err != nil {
@@ -250,12 +247,7 @@ func (c *Client) sendTo(ctx context.Context, addr, method, path string, hasBody 
 // proxy's page, say) keeps its status and the start of its body.
 func decodeError(resp *http.Response) error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
-	var e struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
+	var e api.ErrorReply
 	if json.Unmarshal(data, &e) == nil && e.Error.Code != "" {
 		return &Error{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
 	}

@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/sbx-dev/sbx/coordinator/api"
 )
 
 // Start starts a job (POST /v1/jobs).
@@ -38,13 +39,13 @@ func (c *Client) StartRaw(ctx context.Context, req StartRequest) ([]byte, error)
 	var hdr http.Header
 	attempts := 1
 	if req.IdempotencyKey != "" {
-		hdr = http.Header{"Idempotency-Key": {req.IdempotencyKey}}
+		hdr = http.Header{api.HeaderIdempotencyKey: {req.IdempotencyKey}}
 		attempts = startAttempts
 	}
 	var err error
 	for range attempts {
 		var raw []byte
-		raw, err = c.doHeader(ctx, "POST", "/v1/jobs", req, hdr)
+		raw, err = c.doHeader(ctx, "POST", api.RouteJobs, req, hdr)
 		var apiErr *Error
 		if err == nil || errors.As(err, &apiErr) || ctx.Err() != nil {
 			return raw, err
@@ -59,36 +60,19 @@ func NewIdempotencyKey() string { return rand.Text() }
 // Job returns a job (GET /v1/jobs/{id}).
 func (c *Client) Job(ctx context.Context, id string) (*Job, error) {
 	var j Job
-	if err := c.call(ctx, "GET", JobPath(id, ""), nil, &j); err != nil {
+	if err := c.call(ctx, "GET", api.JobPath(id), nil, &j); err != nil {
 		return nil, err
 	}
 	return &j, nil
 }
 
-// JobsPath is the path of a listing, for Do.
-func JobsPath(q JobsQuery) string {
-	v := url.Values{}
-	if q.Session != "" {
-		v.Set("session", q.Session)
-	}
-	if q.Status != "" {
-		v.Set("status", q.Status)
-	}
-	if q.Limit != 0 {
-		v.Set("limit", strconv.Itoa(q.Limit))
-	}
-	if len(v) == 0 {
-		return "/v1/jobs"
-	}
-	return "/v1/jobs?" + v.Encode()
-}
+// JobsPath is the path of a listing, for Do: q.Path().
+func JobsPath(q JobsQuery) string { return q.Path() }
 
 // Jobs lists jobs, newest first (GET /v1/jobs).
 func (c *Client) Jobs(ctx context.Context, q JobsQuery) ([]Job, error) {
-	var r struct {
-		Jobs []Job `json:"jobs"`
-	}
-	if err := c.call(ctx, "GET", JobsPath(q), nil, &r); err != nil {
+	var r api.JobsReply
+	if err := c.call(ctx, "GET", q.Path(), nil, &r); err != nil {
 		return nil, err
 	}
 	return r.Jobs, nil
@@ -102,20 +86,7 @@ func WaitPath(id string, timeout time.Duration, pattern string) string {
 // WaitPortPath is the path of a wait that also returns once the job listens on port (a number, or
 // "any"; "": no port), for Do; see WaitPort.
 func WaitPortPath(id string, timeout time.Duration, pattern, port string) string {
-	v := url.Values{}
-	if port != "" {
-		v.Set("port", port)
-	}
-	if timeout >= 0 {
-		v.Set("timeout_ms", strconv.FormatInt(timeout.Milliseconds(), 10))
-	}
-	if pattern != "" {
-		v.Set("pattern", pattern)
-	}
-	if len(v) == 0 {
-		return JobPath(id, "/wait")
-	}
-	return JobPath(id, "/wait?"+v.Encode())
+	return api.JobWaitPath(id, timeout, pattern, port)
 }
 
 // Wait returns when the job ends, when pattern (RE2; ^ and $ match at lines) matches its output,
@@ -141,10 +112,9 @@ func (c *Client) WaitPort(ctx context.Context, id string, timeout time.Duration,
 
 // Resize sets the size of a tty job's terminal and returns the job (POST /v1/jobs/{id}/resize).
 func (c *Client) Resize(ctx context.Context, id string, size TTYSize) (*Job, error) {
-	var r struct {
-		Job Job `json:"job"`
-	}
-	if err := c.call(ctx, "POST", JobPath(id, "/resize"), size, &r); err != nil {
+	var r api.JobReply
+	body := api.ResizeRequest{Rows: &size.Rows, Cols: &size.Cols}
+	if err := c.call(ctx, "POST", api.JobResizePath(id), body, &r); err != nil {
 		return nil, err
 	}
 	return &r.Job, nil
@@ -153,22 +123,15 @@ func (c *Client) Resize(ctx context.Context, id string, size TTYSize) (*Job, err
 // Input writes data to the standard input of a job started with Stdin, then closes it (EOF) when
 // closeIt is set (POST /v1/jobs/{id}/stdin).
 func (c *Client) Input(ctx context.Context, id, data string, closeIt bool) error {
-	body := struct {
-		Data  string `json:"data"`
-		Close bool   `json:"close"`
-	}{data, closeIt}
-	_, err := c.Do(ctx, "POST", JobPath(id, "/stdin"), body)
+	_, err := c.Do(ctx, "POST", api.JobStdinPath(id), api.StdinRequest{Data: data, Close: closeIt})
 	return err
 }
 
 // Sleep waits timeout on the server (GET /v1/wait): AwaitShell without a job. It returns how long
 // the server slept.
 func (c *Client) Sleep(ctx context.Context, timeout time.Duration) (time.Duration, error) {
-	var r struct {
-		SleptMS int64 `json:"slept_ms"`
-	}
-	path := "/v1/wait?timeout_ms=" + strconv.FormatInt(timeout.Milliseconds(), 10)
-	if err := c.call(ctx, "GET", path, nil, &r); err != nil {
+	var r api.SleepReply
+	if err := c.call(ctx, "GET", api.SleepPath(timeout), nil, &r); err != nil {
 		return 0, err
 	}
 	return time.Duration(r.SleptMS) * time.Millisecond, nil
@@ -177,19 +140,14 @@ func (c *Client) Sleep(ctx context.Context, timeout time.Duration) (time.Duratio
 // Output returns at most limit bytes of the job's output from offset (limit < 0: all there is
 // now) and the output's total size now (GET /v1/jobs/{id}/output).
 func (c *Client) Output(ctx context.Context, id string, offset, limit int64) ([]byte, int64, error) {
-	v := url.Values{}
-	v.Set("offset", strconv.FormatInt(offset, 10))
-	if limit >= 0 {
-		v.Set("limit", strconv.FormatInt(limit, 10))
-	}
-	resp, err := c.send(ctx, "GET", JobPath(id, "/output?"+v.Encode()), nil)
+	resp, err := c.send(ctx, "GET", api.JobOutputPath(id, offset, limit), nil)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer resp.Body.Close()
-	total, err := strconv.ParseInt(resp.Header.Get("Sbx-Output-Length"), 10, 64)
+	total, err := strconv.ParseInt(resp.Header.Get(api.HeaderOutputLength), 10, 64)
 	if err != nil {
-		return nil, 0, fmt.Errorf("output of %s: bad Sbx-Output-Length %q", id, resp.Header.Get("Sbx-Output-Length"))
+		return nil, 0, fmt.Errorf("output of %s: bad %s %q", id, api.HeaderOutputLength, resp.Header.Get(api.HeaderOutputLength))
 	}
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -202,8 +160,7 @@ func (c *Client) Output(ctx context.Context, id string, offset, limit int64) ([]
 // ends (ctx's error). A stream the server cut short (it shut down) is an error, not an end: the
 // server ends a stream cleanly only after the job's last byte.
 func (c *Client) Follow(ctx context.Context, id string, offset int64, w io.Writer) error {
-	path := JobPath(id, "/output?follow=true&offset="+strconv.FormatInt(offset, 10))
-	resp, err := c.send(ctx, "GET", path, nil)
+	resp, err := c.send(ctx, "GET", api.JobFollowPath(id, offset), nil)
 	if err != nil {
 		return err
 	}
@@ -225,14 +182,10 @@ func (c *Client) Follow(ctx context.Context, id string, offset int64, w io.Write
 func (c *Client) Kill(ctx context.Context, id, signal string) (*Job, error) {
 	var body any
 	if signal != "" {
-		body = struct {
-			Signal string `json:"signal"`
-		}{signal}
+		body = api.KillRequest{Signal: signal}
 	}
-	var r struct {
-		Job Job `json:"job"`
-	}
-	if err := c.call(ctx, "POST", JobPath(id, "/kill"), body, &r); err != nil {
+	var r api.JobReply
+	if err := c.call(ctx, "POST", api.JobKillPath(id), body, &r); err != nil {
 		return nil, err
 	}
 	return &r.Job, nil
@@ -241,7 +194,7 @@ func (c *Client) Kill(ctx context.Context, id, signal string) (*Job, error) {
 // Runners lists the runners the coordinator hears from (GET /v1/runners).
 func (c *Client) Runners(ctx context.Context) ([]Runner, error) {
 	var r []Runner
-	if err := c.call(ctx, "GET", "/v1/runners", nil, &r); err != nil {
+	if err := c.call(ctx, "GET", api.RouteRunners, nil, &r); err != nil {
 		return nil, err
 	}
 	return r, nil

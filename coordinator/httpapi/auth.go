@@ -6,11 +6,12 @@ import (
 	"slices"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/api"
 )
 
 // openPaths stay reachable without the token, for probes and scrapers; the Host check still
 // holds for them (guardBrowsers).
-var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+var openPaths = map[string]bool{api.RouteHealthz: true, api.RouteReadyz: true, api.RouteMetrics: true}
 
 // authenticate requires the bearer token, or a scoped token derived from it (scope.go), on every
 // call but the open paths when a token is configured. It fails closed: unknown paths need the token

@@ -49,10 +49,30 @@ func decodeBody(r *http.Request, v any, optional bool) error {
 		if typ.Field == "" {
 			return invalid("body must be a JSON object.")
 		}
-		return invalid("%s must be %s.", typ.Field, kindName(typ))
+		return invalid("%s must be %s.", bodyPath(v, typ.Field), kindName(typ))
 	default:
 		// The remaining decoder errors are unknown fields and the like: their text is the message.
 		return invalid("body: %s.", trimJSONPrefix(err.Error()))
+	}
+}
+
+// bodyPath is field, a decoder error's path in v, as the body has it: encoding/json names a field
+// an embedded struct promotes with that struct's type first (StartRequest.limits.pids), a level
+// the body does not have.
+func bodyPath(v any, field string) string {
+	for t := reflect.TypeOf(v); ; {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		name, rest, ok := strings.Cut(field, ".")
+		if !ok || t.Kind() != reflect.Struct {
+			return field
+		}
+		f, found := t.FieldByName(name)
+		if !found || !f.Anonymous {
+			return field
+		}
+		field, t = rest, f.Type
 	}
 }
 

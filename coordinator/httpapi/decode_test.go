@@ -3,8 +3,11 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/sbx-dev/sbx/coordinator"
 )
 
 // FuzzCheckJSON: checkJSON never panics, and a body it accepts decodes without any string
@@ -50,4 +53,22 @@ func countReplacement(v any) int {
 		return n
 	}
 	return 0
+}
+
+// TestDecodeEmbeddedPath: a field of the body that startBody holds in an embedded struct is named
+// as the body has it, without the struct's Go name that encoding/json puts first.
+func TestDecodeEmbeddedPath(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"limits":{"pids":"many"}}`:  "limits.pids must be a number.",
+		`{"command":["ls"]}`:          "command must be a string.",
+		`{"block_until_ms":"soon"}`:   "block_until_ms must be a number.",
+		`{"tty_size":{"rows":true}}`:  "tty_size.rows must be a number.",
+		`{"notify_on_output":"FAIL"}`: "notify_on_output must be an object.",
+	} {
+		var b startBody
+		err := decodeBody(httptest.NewRequest("POST", "/v1/jobs", strings.NewReader(body)), &b, false)
+		if got := coordinator.ErrorMessage(err); got != want {
+			t.Errorf("%s: %q, want %q", body, got, want)
+		}
+	}
 }

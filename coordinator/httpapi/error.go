@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/api"
 )
 
 // The HTTP layer's own codes; every other code is a domain one.
@@ -40,16 +41,6 @@ var statuses = map[string]int{
 	coordinator.EDISKLOW:             http.StatusServiceUnavailable,
 }
 
-// errorBody is the API's error shape: {"error": {"code": "...", "message": "..."}}.
-type errorBody struct {
-	Error errorDetail `json:"error"`
-}
-
-type errorDetail struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
 // writeError writes err as the API's error. A *coordinator.Error is shown as it is; any other
 // error is logged and hidden behind a generic message, except a request's cancellation, which only
 // happens when the client went away or the server is shutting down.
@@ -66,7 +57,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if !ok {
 		status = http.StatusInternalServerError
 	}
-	writeJSON(w, status, errorBody{errorDetail{Code: code, Message: msg}})
+	writeJSON(w, status, api.ErrorReply{Error: api.ErrorDetail{Code: code, Message: msg}})
 }
 
 // writeJSON writes v with the status. Encoding the API's own types cannot fail; a write error means

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/api"
 )
 
 // forwardDialTimeout bounds the connection to the coordinator that leads: one that does not answer
@@ -89,5 +90,5 @@ func (s *Server) handleStandbyReadyz(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, coordinator.Errorf(coordinator.EUNAVAILABLE, "Not ready: this coordinator is a standby and no coordinator leads yet."))
 		return
 	}
-	writeJSON(w, http.StatusOK, readyReply{Status: "ok", Version: s.cfg.Version, LeaderID: id})
+	writeJSON(w, http.StatusOK, api.Ready{Status: "ok", Version: s.cfg.Version, LeaderID: id})
 }

@@ -8,23 +8,11 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/api"
 )
 
 // readyTimeout bounds the readiness checks of one /readyz.
 const readyTimeout = 5 * time.Second
-
-type healthReply struct {
-	Status  string `json:"status"`
-	Version string `json:"version,omitempty"`
-}
-
-// readyReply is /readyz's: healthReply and the coordinator's role (Config.Role).
-type readyReply struct {
-	Status   string `json:"status"`
-	Version  string `json:"version,omitempty"`
-	Leader   bool   `json:"leader"`
-	LeaderID string `json:"leader_id,omitempty"`
-}
 
 // role is Config.Role's answer, or a single coordinator's.
 func (s *Server) role() (leading bool, leader string) {
@@ -36,7 +24,7 @@ func (s *Server) role() (leading bool, leader string) {
 
 // handleHealthz answers while the process serves: liveness only.
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, healthReply{Status: "ok", Version: s.cfg.Version})
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version})
 }
 
 // handleReadyz answers 200 when a job can be submitted — the dependencies are ready (Config.Ready:
@@ -68,5 +56,5 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	leading, leader := s.role()
-	writeJSON(w, http.StatusOK, readyReply{Status: "ok", Version: s.cfg.Version, Leader: leading, LeaderID: leader})
+	writeJSON(w, http.StatusOK, api.Ready{Status: "ok", Version: s.cfg.Version, Leader: leading, LeaderID: leader})
 }

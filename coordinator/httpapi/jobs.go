@@ -9,59 +9,18 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/proto"
 )
 
 // MaxPatternBytes bounds a wait's pattern.
 const MaxPatternBytes = 4096
 
-// startBody is the body of POST /v1/jobs.
+// startBody is the body of POST /v1/jobs: api.StartRequest, with block_until_ms read as it is
+// sent (a huge value would overflow the request's time.Duration).
 type startBody struct {
-	Command      string            `json:"command"`
-	Source       *sourceView       `json:"source"`
-	Cwd          string            `json:"cwd"`
-	Title        string            `json:"title"`
-	Env          map[string]string `json:"env"`
-	Readonly     bool              `json:"readonly"`
-	User         string            `json:"user"`
-	Shell        string            `json:"shell"`
-	Linger       bool              `json:"linger"`
-	LingerCgroup bool              `json:"linger_cgroup"`
-	Stdin        bool              `json:"stdin"`
-	Pool         string            `json:"pool"`
-	Session      string            `json:"session"`
-	Limits       limitsView        `json:"limits"`
-	BlockUntilMS int64             `json:"block_until_ms"`
-	NotifyOnOut  *notifyView       `json:"notify_on_output"`
-	Monitor      bool              `json:"monitor"`
-	Persistent   bool              `json:"persistent"`
-	// NotificationFormat is the format of the job's notifications (docs/notifications.md).
-	NotificationFormat string `json:"notification_format"`
-	// ToolCallID (alias ToolUseID, Claude Code's name) is the caller's tool call: the job's
-	// notifications echo it.
-	ToolCallID string `json:"tool_call_id"`
-	ToolUseID  string `json:"tool_use_id"`
-	// TTY runs the job on a pseudo-terminal of TTYSize (default 24×80).
-	TTY     bool         `json:"tty"`
-	TTYSize *ttySizeView `json:"tty_size"`
-}
-
-// startReply is the reply to POST /v1/jobs. Output is the output's bytes (at most its last
-// coordinator.MaxReplyOutput, from a line's start) as a JSON string: bytes that are not valid UTF-8
-// become U+FFFD, so a client that needs the exact bytes reads GET /v1/jobs/{id}/output.
-// OutputTruncated says Output is only the end of the output_bytes there are; OutputLines and
-// OutputTotalLines count the lines shown and all of them, for a rendering's note.
-type startReply struct {
-	Job              *jobView `json:"job"`
-	Output           string   `json:"output"`
-	OutputTruncated  bool     `json:"output_truncated"`
-	OutputBytes      int64    `json:"output_bytes"`
-	OutputLines      int      `json:"output_lines"`
-	OutputTotalLines int      `json:"output_total_lines"`
-	Backgrounded     bool     `json:"backgrounded"`
-	// ReplyUS is the reply's own stage after job.timings: µs from the start's acceptance to the
-	// reply, as it is written; null for a repeated start.
-	ReplyUS *int64 `json:"reply_us"`
+	api.StartRequest
+	BlockUntilMS int64 `json:"block_until_ms"`
 }
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
@@ -89,7 +48,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var notify *coordinator.OutputNotify
-	if n := b.NotifyOnOut; n != nil {
+	if n := b.NotifyOnOutput; n != nil {
 		// Checked here as well as in the domain: a huge value would overflow time.Duration.
 		if n.DebounceMS < 0 {
 			s.writeError(w, r, invalid("notify_on_output.debounce_ms must not be negative."))
@@ -108,8 +67,15 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	if b.TTYSize != nil {
 		ttySize = &coordinator.TTYSize{Rows: b.TTYSize.Rows, Cols: b.TTYSize.Cols}
 	}
+	var limits coordinator.Limits
+	if l := b.Limits; l != nil {
+		limits = coordinator.Limits{
+			MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores,
+			Pids: l.Pids, OutputBytes: l.OutputBytes, TimeoutMS: l.TimeoutMS,
+		}
+	}
 	// A header given empty is a bad key, not none: the caller meant to send one.
-	key, keyed := r.Header["Idempotency-Key"]
+	key, keyed := r.Header[api.HeaderIdempotencyKey]
 	if keyed && (len(key) != 1 || !coordinator.ValidIdempotencyKey(key[0])) {
 		s.writeError(w, r, invalid("Idempotency-Key must be one header of 1 to %d printable ASCII characters.", coordinator.MaxIdempotencyKey))
 		return
@@ -118,11 +84,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 		TTY: b.TTY, TTYSize: ttySize,
 		Source: source, NotifyOnOutput: notify, Monitor: b.Monitor, Persistent: b.Persistent,
 		Command: b.Command, Cwd: b.Cwd, Title: b.Title, Env: b.Env, Readonly: b.Readonly, User: b.User, Shell: b.Shell, Linger: b.Linger, LingerCgroup: b.LingerCgroup, Stdin: b.Stdin,
-		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond,
-		Limits: coordinator.Limits{
-			MemoryBytes: b.Limits.MemoryBytes, CPUMillicores: b.Limits.CPUMillicores,
-			Pids: b.Limits.Pids, OutputBytes: b.Limits.OutputBytes, TimeoutMS: b.Limits.TimeoutMS,
-		},
+		Pool: b.Pool, Session: b.Session, BlockUntil: time.Duration(b.BlockUntilMS) * time.Millisecond, Limits: limits,
 		NotificationFormat: coordinator.Format(b.NotificationFormat), ToolCallID: b.ToolCallID,
 	}
 	var res *coordinator.StartResult
@@ -140,7 +102,7 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request) {
 	if res.Replayed {
 		status = http.StatusOK
 	}
-	reply := startReply{
+	reply := api.StartReply{
 		Job: viewJob(res.Job, time.Now()), Output: string(res.Output), Backgrounded: res.Backgrounded,
 		OutputTruncated: res.OutputTruncated, OutputBytes: res.OutputBytes, OutputLines: res.OutputLines, OutputTotalLines: res.TotalLines,
 	}
@@ -164,10 +126,6 @@ func (s *Server) handleJob(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, viewJob(job, time.Now()))
 }
 
-type jobsReply struct {
-	Jobs []*jobView `json:"jobs"`
-}
-
 func (s *Server) handleJobs(w http.ResponseWriter, r *http.Request) {
 	limit, err := queryInt(r, "limit", 0, 1, 1000)
 	if err != nil {
@@ -189,22 +147,11 @@ func (s *Server) handleJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now()
-	reply := jobsReply{Jobs: make([]*jobView, 0, len(jobs))}
+	reply := api.JobsReply{Jobs: make([]api.Job, 0, len(jobs))}
 	for _, j := range jobs {
 		reply.Jobs = append(reply.Jobs, viewJob(j, now))
 	}
 	writeJSON(w, http.StatusOK, reply)
-}
-
-type waitReply struct {
-	Job            *jobView `json:"job"`
-	Done           bool     `json:"done"`
-	PatternMatched bool     `json:"pattern_matched"`
-	// Matched is the text the pattern matched (null without a match), MatchedOffset where it starts.
-	Matched       *string `json:"matched"`
-	MatchedOffset *int64  `json:"matched_offset"`
-	// Port is the port the wait asked for (port=N or any), once the job listens on it; else null.
-	Port *portView `json:"port"`
 }
 
 // handleWait is AwaitShell: it returns when the job ends, when pattern matches its output, or at
@@ -236,12 +183,12 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	reply := waitReply{Job: viewJob(res.Job, time.Now()), Done: res.Done, PatternMatched: res.PatternMatched}
+	reply := api.WaitReply{Job: viewJob(res.Job, time.Now()), Done: res.Done, PatternMatched: res.PatternMatched}
 	if res.PatternMatched {
 		reply.Matched, reply.MatchedOffset = &res.Matched, &res.MatchedOffset
 	}
 	if res.Port != nil {
-		reply.Port = &portView{Address: res.Port.Address, Port: res.Port.Port}
+		reply.Port = &api.Port{Address: res.Port.Address, Port: res.Port.Port}
 	}
 	writeJSON(w, http.StatusOK, reply)
 }
@@ -269,10 +216,6 @@ func waitTimeout(r *http.Request) (int64, error) {
 	return min(timeout, coordinator.MaxWaitTimeout.Milliseconds()), err
 }
 
-type sleepReply struct {
-	SleptMS int64 `json:"slept_ms"`
-}
-
 // handleSleep is AwaitShell without a shell: it returns after timeout_ms (default 30000, clamped as
 // a wait's), or earlier when the client goes away.
 func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request) {
@@ -289,7 +232,7 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request) {
 	case <-r.Context().Done():
 		return
 	}
-	writeJSON(w, http.StatusOK, sleepReply{SleptMS: time.Since(start).Milliseconds()})
+	writeJSON(w, http.StatusOK, api.SleepReply{SleptMS: time.Since(start).Milliseconds()})
 }
 
 func compilePattern(p string) (*regexp.Regexp, error) {
@@ -347,7 +290,7 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Sbx-Output-Length", strconv.FormatInt(size, 10))
+	h.Set(api.HeaderOutputLength, strconv.FormatInt(size, 10))
 	w.WriteHeader(http.StatusOK)
 	if !follow {
 		if _, err := io.Copy(w, rc); err != nil {
@@ -370,24 +313,13 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-type killBody struct {
-	Signal string `json:"signal"`
-	// Session is the caller's (else the Sbx-Session header's, else default): a kill from the job's
-	// own session notifies nothing.
-	Session string `json:"session"`
-}
-
-type killReply struct {
-	Job *jobView `json:"job"`
-}
-
 func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
 	id, err := pathID(r, "job")
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	var b killBody
+	var b api.KillRequest
 	if err := decodeBody(r, &b, true); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -407,19 +339,7 @@ func (s *Server) handleKill(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, killReply{Job: viewJob(job, time.Now())})
-}
-
-// stdinBody is the body of POST /v1/jobs/{id}/stdin: text for the job's input, and whether to close
-// the input after it (EOF).
-type stdinBody struct {
-	Data  string `json:"data"`
-	Close bool   `json:"close"`
-}
-
-type stdinReply struct {
-	Written int  `json:"written"`
-	Closed  bool `json:"closed"`
+	writeJSON(w, http.StatusAccepted, api.JobReply{Job: viewJob(job, time.Now())})
 }
 
 // handleStdin writes to the standard input of a job started with stdin: true.
@@ -429,7 +349,7 @@ func (s *Server) handleStdin(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	var b stdinBody
+	var b api.StdinRequest
 	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -442,13 +362,7 @@ func (s *Server) handleStdin(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, stdinReply{Written: len(b.Data), Closed: b.Close})
-}
-
-// resizeBody is the body of POST /v1/jobs/{id}/resize: the terminal's new size.
-type resizeBody struct {
-	Rows *int `json:"rows"`
-	Cols *int `json:"cols"`
+	writeJSON(w, http.StatusOK, api.StdinReply{Written: len(b.Data), Closed: b.Close})
 }
 
 // handleResize sets the size of a tty job's terminal: 202 with the job, 409 for a job that ended or
@@ -459,7 +373,7 @@ func (s *Server) handleResize(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	var b resizeBody
+	var b api.ResizeRequest
 	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -481,5 +395,5 @@ func (s *Server) handleResize(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, killReply{Job: viewJob(job, time.Now())})
+	writeJSON(w, http.StatusAccepted, api.JobReply{Job: viewJob(job, time.Now())})
 }

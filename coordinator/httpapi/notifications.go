@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/api"
 )
 
 // streamKeepAlive is how often an idle notification stream sends a comment, so that proxies and
@@ -20,7 +21,7 @@ const streamKeepAlive = 15 * time.Second
 // coordinator.CheckSession, as a path's session id is, and held to the credential's scope.
 func session(r *http.Request, given string) (string, error) {
 	what, id := "session", given
-	switch h := r.Header.Get("Sbx-Session"); {
+	switch h := r.Header.Get(api.HeaderSession); {
 	case given != "":
 	case h != "":
 		what, id = "Sbx-Session header", h
@@ -51,11 +52,6 @@ func queryAfter(r *http.Request) (*uint64, error) {
 // queryFormat parses the optional format parameter: the format to write each text in ("": as stored).
 func queryFormat(r *http.Request) (coordinator.Format, error) {
 	return coordinator.ParseFormat("format", r.URL.Query().Get("format"))
-}
-
-type notificationsReply struct {
-	Notifications []*notificationView `json:"notifications"`
-	Next          uint64              `json:"next"`
 }
 
 // handleNotifications is the long-poll: the session's notifications after `after` (default: its
@@ -94,7 +90,7 @@ func (s *Server) handleNotifications(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	reply := notificationsReply{Notifications: make([]*notificationView, 0, len(notes)), Next: next}
+	reply := api.NotificationsReply{Notifications: make([]api.Notification, 0, len(notes)), Next: next}
 	for _, n := range notes {
 		reply.Notifications = append(reply.Notifications, viewNotification(n))
 	}
@@ -174,18 +170,9 @@ func (s *Server) handleStream(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-type ackBody struct {
-	Session string `json:"session"`
-	Seq     uint64 `json:"seq"`
-}
-
-type sessionReply struct {
-	Session *sessionView `json:"session"`
-}
-
 // handleAck moves the session's cursor: every notification up to seq was delivered.
 func (s *Server) handleAck(w http.ResponseWriter, r *http.Request) {
-	var b ackBody
+	var b api.AckRequest
 	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -201,20 +188,13 @@ func (s *Server) handleAck(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sessionReply{viewSession(st)})
-}
-
-type openSessionBody struct {
-	ID      string `json:"id"`
-	LeaseMS int64  `json:"lease_ms"`
-	// Format sets the format of the session's notifications; "" keeps it.
-	Format string `json:"format"`
+	writeJSON(w, http.StatusOK, api.SessionReply{Session: viewSession(st)})
 }
 
 // handleOpenSession creates a session, or reopens or updates one, with an optional lease and
 // notification format.
 func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
-	var b openSessionBody
+	var b api.OpenSessionRequest
 	if err := decodeBody(r, &b, false); err != nil {
 		s.writeError(w, r, err)
 		return
@@ -240,7 +220,7 @@ func (s *Server) handleOpenSession(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sessionReply{viewSession(st)})
+	writeJSON(w, http.StatusOK, api.SessionReply{Session: viewSession(st)})
 }
 
 func (s *Server) handleSession(w http.ResponseWriter, r *http.Request) {
@@ -254,7 +234,7 @@ func (s *Server) handleSession(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sessionReply{viewSession(st)})
+	writeJSON(w, http.StatusOK, api.SessionReply{Session: viewSession(st)})
 }
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
@@ -268,12 +248,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sessionReply{viewSession(st)})
-}
-
-type endSessionReply struct {
-	Session *sessionView `json:"session"`
-	Stopped []string     `json:"stopped"`
+	writeJSON(w, http.StatusOK, api.SessionReply{Session: viewSession(st)})
 }
 
 // handleEndSession ends a session: its queued and running jobs stop, with no notifications.
@@ -293,5 +268,5 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, endSessionReply{Session: viewSession(st), Stopped: stopped})
+	writeJSON(w, http.StatusOK, api.EndSessionReply{Session: viewSession(st), Stopped: stopped})
 }

@@ -8,15 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/proto"
 )
 
-// The notification wire types are the Go client's: they mirror the API object field for field.
+// The notification wire types are the API's, as the server encodes them and the Go client decodes
+// them.
 type (
-	notification       = client.Notification
-	notificationsReply = client.Notifications
+	notification       = api.Notification
+	notificationsReply = api.NotificationsReply
 )
 
 func (h *harness) notifications(query string) notificationsReply {
@@ -74,7 +75,7 @@ func TestNotificationFormats(t *testing.T) {
 	h.finishWith("boom\n", 1)
 	r := h.post("/v1/sessions", map[string]any{"id": "claude", "format": "task_notification"})
 	var open struct {
-		Session client.Session `json:"session"`
+		Session api.Session `json:"session"`
 	}
 	r.decode(t, &open)
 	if r.status != http.StatusOK || open.Session.Format != "task_notification" {

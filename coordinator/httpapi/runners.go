@@ -1,11 +1,15 @@
 package httpapi
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/sbx-dev/sbx/coordinator/api"
+)
 
 // handleRunners lists the live runners as a bare JSON array, as API.md has it.
 func (s *Server) handleRunners(w http.ResponseWriter, r *http.Request) {
 	runners := s.svc.Runners()
-	out := make([]runnerView, 0, len(runners))
+	out := make([]api.Runner, 0, len(runners))
 	for _, rn := range runners {
 		out = append(out, viewRunner(rn))
 	}

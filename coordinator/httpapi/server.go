@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/api"
 )
 
 // Bounds of every request.
@@ -224,34 +225,34 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // segments or doubled slashes; known paths with another method get a JSON 405 (see notFound).
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/jobs", s.handleStart)
-	mux.HandleFunc("GET /v1/jobs", s.handleJobs)
-	mux.HandleFunc("GET /v1/jobs/{id}", s.handleJob)
-	mux.HandleFunc("GET /v1/jobs/{id}/wait", s.handleWait)
-	mux.HandleFunc("GET /v1/wait", s.handleSleep)
-	mux.HandleFunc("GET /v1/jobs/{id}/output", s.handleOutput)
-	mux.HandleFunc("POST /v1/jobs/{id}/kill", s.handleKill)
-	mux.HandleFunc("POST /v1/jobs/{id}/stdin", s.handleStdin)
-	mux.HandleFunc("POST /v1/jobs/{id}/resize", s.handleResize)
-	mux.HandleFunc("GET /v1/notifications", s.handleNotifications)
-	mux.HandleFunc("GET /v1/notifications/stream", s.handleStream)
-	mux.HandleFunc("POST /v1/notifications/ack", s.handleAck)
-	mux.HandleFunc("POST /v1/sessions", s.handleOpenSession)
-	mux.HandleFunc("GET /v1/sessions/{id}", s.handleSession)
-	mux.HandleFunc("POST /v1/sessions/{id}/renew", s.handleRenew)
-	mux.HandleFunc("DELETE /v1/sessions/{id}", s.handleEndSession)
-	mux.HandleFunc("GET /v1/runners", s.handleRunners)
-	mux.HandleFunc("GET /v1/openapi.json", s.handleOpenAPI)
-	mux.HandleFunc("GET /healthz", s.handleHealthz)
-	mux.HandleFunc("GET /readyz", s.handleReadyz)
-	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	mux.HandleFunc("POST "+api.RouteJobs, s.handleStart)
+	mux.HandleFunc("GET "+api.RouteJobs, s.handleJobs)
+	mux.HandleFunc("GET "+api.RouteJob, s.handleJob)
+	mux.HandleFunc("GET "+api.RouteJobWait, s.handleWait)
+	mux.HandleFunc("GET "+api.RouteSleep, s.handleSleep)
+	mux.HandleFunc("GET "+api.RouteJobOutput, s.handleOutput)
+	mux.HandleFunc("POST "+api.RouteJobKill, s.handleKill)
+	mux.HandleFunc("POST "+api.RouteJobStdin, s.handleStdin)
+	mux.HandleFunc("POST "+api.RouteJobResize, s.handleResize)
+	mux.HandleFunc("GET "+api.RouteNotifications, s.handleNotifications)
+	mux.HandleFunc("GET "+api.RouteNotificationsStream, s.handleStream)
+	mux.HandleFunc("POST "+api.RouteAck, s.handleAck)
+	mux.HandleFunc("POST "+api.RouteSessions, s.handleOpenSession)
+	mux.HandleFunc("GET "+api.RouteSession, s.handleSession)
+	mux.HandleFunc("POST "+api.RouteSessionRenew, s.handleRenew)
+	mux.HandleFunc("DELETE "+api.RouteSession, s.handleEndSession)
+	mux.HandleFunc("GET "+api.RouteRunners, s.handleRunners)
+	mux.HandleFunc("GET "+api.RouteOpenAPI, s.handleOpenAPI)
+	mux.HandleFunc("GET "+api.RouteHealthz, s.handleHealthz)
+	mux.HandleFunc("GET "+api.RouteReadyz, s.handleReadyz)
+	mux.HandleFunc("GET "+api.RouteMetrics, s.handleMetrics)
 	for pattern, h := range s.cfg.Handlers {
 		mux.Handle(pattern, h)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Any call carrying a session renews its lease; a session that is no session's id is
 		// refused on every route, as it is where a session is used.
-		if id := r.Header.Get("Sbx-Session"); id != "" {
+		if id := r.Header.Get(api.HeaderSession); id != "" {
 			err := coordinator.CheckSession("Sbx-Session header", id)
 			if err == nil {
 				err = inScope(r, "Sbx-Session header", id)
