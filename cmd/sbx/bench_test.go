@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 )
 
 // percentile returns the p-th percentile (0-100) of durations, in milliseconds.
@@ -193,16 +194,45 @@ func BenchmarkExitToNotification(b *testing.B) {
 // with block_until_ms and waits for its exit in the reply; against 8 goroutines forking `sh -c true`
 // in the same run.
 func BenchmarkJobsPerSecond(b *testing.B) {
-	const clients = 8
 	s := startServe(b, "--slots", "16")
+	jobsPerSecond(b, s.c)
+}
+
+// BenchmarkJobsPerSecondFleet is BenchmarkJobsPerSecond on `sbx coordinator`s and a runner over one
+// NATS server: with one coordinator, and with two, the clients split between them (the standby
+// forwards each call to the leader, docs/decisions.md "Several coordinators").
+func BenchmarkJobsPerSecondFleet(b *testing.B) {
+	for _, n := range []int{1, 2} {
+		b.Run(fmt.Sprintf("coordinators-%d", n), func(b *testing.B) {
+			ns, _ := coordinatortest.StartServer(b)
+			var cs []*client.Client
+			for range n {
+				_, c := startFleetCoordinator(b, ns.ClientURL())
+				cs = append(cs, c)
+			}
+			startFleetRunner(b, ns.ClientURL(), "bench", "--slots", "16")
+			for _, c := range cs {
+				waitRunner(b, c, "bench")
+			}
+			jobsPerSecond(b, cs...)
+		})
+	}
+}
+
+// jobsPerSecond runs b.N jobs from 8 clients, spread over cs, and the same number of bare forks,
+// and reports both rates and their ratio.
+func jobsPerSecond(b *testing.B, cs ...*client.Client) {
+	const clients = 8
 	ctx := b.Context()
 	req := client.StartRequest{Command: "true", Cwd: "/", BlockUntil: 10 * time.Second}
-	for range 5 { // warm up
-		if _, err := s.c.Start(ctx, req); err != nil {
-			b.Fatal(err)
+	for _, c := range cs { // warm up
+		for range 5 {
+			if _, err := c.Start(ctx, req); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
-	parallel := func(run func() error) float64 {
+	parallel := func(run func(i int) error) float64 {
 		next := make(chan struct{}, b.N)
 		for range b.N {
 			next <- struct{}{}
@@ -210,10 +240,10 @@ func BenchmarkJobsPerSecond(b *testing.B) {
 		close(next)
 		errs := make(chan error, clients)
 		t0 := time.Now()
-		for range clients {
+		for i := range clients {
 			go func() {
 				for range next {
-					if err := run(); err != nil {
+					if err := run(i); err != nil {
 						errs <- err
 						return
 					}
@@ -229,15 +259,15 @@ func BenchmarkJobsPerSecond(b *testing.B) {
 		return float64(b.N) / time.Since(t0).Seconds()
 	}
 	b.ResetTimer()
-	api := parallel(func() error {
-		r, err := s.c.Start(ctx, req)
+	api := parallel(func(i int) error {
+		r, err := cs[i%len(cs)].Start(ctx, req)
 		if err == nil && (r.Backgrounded || r.Job.ExitCode == nil || *r.Job.ExitCode != 0) {
 			err = fmt.Errorf("job did not end within block_until_ms: %+v", r.Job)
 		}
 		return err
 	})
 	b.StopTimer()
-	bare := parallel(func() error { return exec.Command("sh", "-c", "true").Run() })
+	bare := parallel(func(int) error { return exec.Command("sh", "-c", "true").Run() })
 	b.ReportMetric(api, "jobs/s")
 	b.ReportMetric(bare, "bare-jobs/s")
 	b.ReportMetric(api/bare, "x-bare")

@@ -124,7 +124,7 @@ type part struct {
 }
 
 // startPart runs `sbx ARGS...` until stop or the end of the test.
-func startPart(t *testing.T, args ...string) *part {
+func startPart(t testing.TB, args ...string) *part {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &part{cancel: cancel, done: make(chan error, 1), out: &lineWriter{first: make(chan string, 1)}, log: &lineWriter{first: make(chan string, 1)}}
@@ -160,7 +160,7 @@ func (p *part) logged(s string) bool {
 }
 
 // startFleetCoordinator runs `sbx coordinator` against natsURL and returns a client of its API.
-func startFleetCoordinator(t *testing.T, natsURL string, extra ...string) (*part, *client.Client) {
+func startFleetCoordinator(t testing.TB, natsURL string, extra ...string) (*part, *client.Client) {
 	t.Helper()
 	p := startPart(t, append([]string{"coordinator", "--nats", natsURL, "--listen", "127.0.0.1:0", "--data", t.TempDir()}, extra...)...)
 	select {
@@ -177,7 +177,7 @@ func startFleetCoordinator(t *testing.T, natsURL string, extra ...string) (*part
 }
 
 // startFleetRunner runs `sbx runner` with id against natsURL.
-func startFleetRunner(t *testing.T, natsURL, id string, extra ...string) *part {
+func startFleetRunner(t testing.TB, natsURL, id string, extra ...string) *part {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("a runner runs jobs in cgroups: needs root")
@@ -186,7 +186,7 @@ func startFleetRunner(t *testing.T, natsURL, id string, extra ...string) *part {
 }
 
 // waitRunner waits until the coordinator lists the runner and returns it.
-func waitRunner(t *testing.T, c *client.Client, id string) client.Runner {
+func waitRunner(t testing.TB, c *client.Client, id string) client.Runner {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
