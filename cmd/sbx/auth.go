@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
+	"github.com/sbx-dev/sbx/coordinator/natsauth"
 )
 
 // serveAuthDir is where `sbx serve` keeps its NATS authority, under its data dir.

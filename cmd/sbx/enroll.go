@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
+	"github.com/sbx-dev/sbx/coordinator/natsauth"
 	"github.com/sbx-dev/sbx/proto"
 )
 

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
+	"github.com/sbx-dev/sbx/coordinator/natsauth"
 )
 
 // TestEnrollStrict: the enroll route reads one JSON object with no key twice and nothing after it,

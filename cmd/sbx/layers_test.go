@@ -24,9 +24,11 @@ func TestLayers(t *testing.T) {
 	}{
 		{mod + "coordinator", []string{mod + "runner", mod + "sandbox"}},
 		{mod + "runner", []string{mod + "coordinator"}},
-		{mod + "coordinator/httpapi", []string{mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/client"}},
-		{mod + "coordinator/store", []string{mod + "coordinator/httpapi", mod + "coordinator/natsbus", mod + "coordinator/client"}},
-		{mod + "coordinator/natsbus", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/client"}},
+		{mod + "coordinator/httpapi", []string{mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/client", mod + "coordinator/natsauth"}},
+		{mod + "coordinator/store", []string{mod + "coordinator/httpapi", mod + "coordinator/natsbus", mod + "coordinator/client", mod + "coordinator/natsauth"}},
+		{mod + "coordinator/natsbus", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/client", mod + "coordinator/natsauth"}},
+		// The NATS authority mints credentials from proto's subjects alone.
+		{mod + "coordinator/natsauth", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/client"}},
 		{mod + "coordinator/client", []string{mod + "coordinator"}},
 		{mod + "sandbox", []string{mod + "coordinator", mod + "runner", "github.com/nats-io/", "net/http"}},
 	}

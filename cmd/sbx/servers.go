@@ -23,9 +23,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/coordinator/natsauth"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
 	"github.com/sbx-dev/sbx/proto"
 	"github.com/sbx-dev/sbx/runner"
