@@ -20,9 +20,6 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/client"
 )
 
-// maxWaitStep is the longest single wait the API accepts; longer waits are made of several.
-const maxWaitStep = 7140 * time.Second
-
 // clientCmd is what every client command shares: the client and the --json flag.
 type clientCmd struct {
 	c      *client.Client
@@ -378,7 +375,7 @@ func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) 
 		deadline = time.Now().Add(*timeout)
 	}
 	for {
-		step := maxWaitStep
+		step := client.MaxWait
 		if !deadline.IsZero() {
 			step = min(step, max(0, time.Until(deadline)))
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -30,11 +31,17 @@ func TestLayers(t *testing.T) {
 		// The NATS authority mints credentials from proto's subjects alone.
 		{mod + "coordinator/natsauth", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/client"}},
 		{mod + "coordinator/client", []string{mod + "coordinator"}},
+		// The MCP server calls the API through its Go client alone, in-process or over HTTP.
+		{mod + "coordinator/mcp", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/natsauth", mod + "proto"}},
 		{mod + "sandbox", []string{mod + "coordinator", mod + "runner", "github.com/nats-io/", "net/http"}},
 	}
 	exact := map[string][]string{
 		// The domain: stdlib and proto only.
 		mod + "coordinator": {"github.com/", "go.etcd.io/", "golang.org/x/"},
+	}
+	// notDeps are packages a package must not import, exactly (not the packages below them).
+	notDeps := map[string][]string{
+		mod + "coordinator/mcp": {mod + "coordinator"},
 	}
 	checked := 0
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -58,6 +65,9 @@ func TestLayers(t *testing.T) {
 				if strings.HasPrefix(dep, f) && !strings.HasPrefix(dep, mod+"proto") {
 					t.Errorf("the domain package %s imports %s", pkg, dep)
 				}
+			}
+			if slices.Contains(notDeps[pkg], dep) {
+				t.Errorf("%s imports %s", pkg, dep)
 			}
 			if pkg == mod+"proto" && strings.Contains(strings.SplitN(dep, "/", 2)[0], ".") {
 				t.Errorf("proto imports %s: it must use the standard library only", dep)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/coordinator/mcp"
 	"github.com/sbx-dev/sbx/coordinator/natsauth"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
 	"github.com/sbx-dev/sbx/proto"
@@ -80,7 +81,7 @@ type coordinatorFlags struct {
 	// maxConns and maxConnsPerClient bound the API's connections (httpapi.Config.MaxConns);
 	// mcpSessions the sessions of /mcp; outputBudget and minFreeDisk the disk jobs' output uses.
 	maxConns, maxConnsPerClient int
-	mcpSessions                 mcpSessionLimits
+	mcpSessions                 mcp.SessionLimits
 	outputBudget, minFreeDisk   string
 	// replicas is the replica count of the streams (natsbus.Config.Replicas).
 	replicas int
@@ -103,12 +104,12 @@ func (c *coordinatorFlags) register(fs *flag.FlagSet, getenv func(string) string
 	fs.DurationVar(&c.runnerDeadline, "runner-deadline", proto.DefaultRunnerDeadline, "how long a runner may stay silent before its jobs are marked lost (give runners the same --runner-deadline)")
 	fs.DurationVar(&c.retainAge, "retain-age", coordinator.DefaultRetainAge, "how long ended jobs (record and output) and notifications are kept")
 	fs.StringVar(&c.retainBytes, "retain-bytes", "10G", "most output of ended jobs kept; past it the oldest jobs go first")
-	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcpDefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
+	fs.DurationVar(&c.mcpMaxBlock, "mcp-max-block", mcp.DefaultMaxBlock, "longest a tool call of /mcp blocks before it returns a continuation")
 	fs.IntVar(&c.maxConns, "max-conns", httpapi.DefaultMaxConns, "most HTTP connections open at a time; more are closed on accept")
 	fs.IntVar(&c.maxConnsPerClient, "max-conns-per-client", httpapi.DefaultMaxConnsPerClient, "most HTTP connections open at a time from one client IP")
-	fs.IntVar(&c.mcpSessions.Max, "mcp-max-sessions", mcpDefaultMaxSessions, "most /mcp sessions open at a time")
-	fs.IntVar(&c.mcpSessions.PerToken, "mcp-max-sessions-per-token", mcpDefaultMaxSessionsPerToken, "most /mcp sessions open at a time with one token")
-	fs.DurationVar(&c.mcpSessions.Idle, "mcp-session-idle", mcpDefaultSessionIdle, "how long a /mcp session may go without a request before it is closed")
+	fs.IntVar(&c.mcpSessions.Max, "mcp-max-sessions", mcp.DefaultMaxSessions, "most /mcp sessions open at a time")
+	fs.IntVar(&c.mcpSessions.PerToken, "mcp-max-sessions-per-token", mcp.DefaultMaxSessionsPerToken, "most /mcp sessions open at a time with one token")
+	fs.DurationVar(&c.mcpSessions.Idle, "mcp-session-idle", mcp.DefaultSessionIdle, "how long a /mcp session may go without a request before it is closed")
 	fs.StringVar(&c.outputBudget, "output-budget", "20G", "most output stored for all jobs together, ended and running (above --retain-bytes); past it new jobs are refused and a job writing more is stopped")
 	fs.StringVar(&c.minFreeDisk, "min-free-disk", "1G", "free space the data directory's disk keeps; below it new jobs are refused (0: not checked)")
 	fs.IntVar(&c.replicas, "replicas", 1, "replicas of each NATS stream sbx makes: above 1 needs a NATS cluster of at least that many JetStream servers, and keeps queued work when one is lost")
