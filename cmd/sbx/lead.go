@@ -199,9 +199,6 @@ func (c *coordinatorRole) lead(ctx context.Context, nc *nats.Conn, cf coordinato
 	mcpHTTP := mcp.NewHTTP(ctx, mcp.Config{MaxBlock: cf.mcpMaxBlock, Logger: log, Version: version}, cf.mcpSessions, httpapi.MaxBodyBytes)
 	defer mcpHTTP.Close()
 	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
-	for pattern, h := range api.cfg.Handlers {
-		cfg.Handlers[pattern] = h
-	}
 	srv := httpapi.NewServer(svc, cfg)
 	mcpHTTP.API = srv.Handler()
 

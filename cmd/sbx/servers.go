@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -525,8 +524,7 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 		if err != nil {
 			return fmt.Errorf("--nats-account-key: %w", err)
 		}
-		api.cfg.Handlers = map[string]http.Handler{"POST " + enrollPath: newEnroller(key, auth, *enrollTTL, log)}
-		api.cfg.OwnCredential = []string{enrollPath}
+		api.cfg.Enroll = httpapi.NewEnroller(key, auth, *enrollTTL, log)
 	}
 	nc, err := dial(ctx, log, "sbx-coordinator", nf.url, append(opts, coordinatorConn())...)
 	if err != nil || nc == nil {
