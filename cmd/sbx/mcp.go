@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
 	"github.com/sbx-dev/sbx/coordinator/mcp"
@@ -42,12 +41,4 @@ func cmdMCP(ctx context.Context, args []string, getenv func(string) string, stde
 	h := mcp.NewHost(ctx, mcp.Config{MaxBlock: *maxBlock, Cwd: cwd, Format: *format, Logger: newLogger(stderr), Version: version})
 	defer h.Close()
 	return h.ServeStdio(ctx, c)
-}
-
-// checkMaxBlock checks the value of a flag that bounds how long a tool call blocks.
-func checkMaxBlock(flag string, d time.Duration) error {
-	if d < time.Second || d > 10*time.Minute {
-		return usageError("%s must be between 1s and 10m", flag)
-	}
-	return nil
 }
