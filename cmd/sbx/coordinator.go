@@ -70,7 +70,7 @@ func cmdCoordinator(ctx context.Context, args []string, getenv func(string) stri
 	if err != nil || nc == nil {
 		return err
 	}
-	defer nc.Close()
+	defer drain(nc)
 	return supervise(ctx, "coordinator", func(ctx context.Context) error {
 		return serveCoordinator(ctx, nc, cf, api, false, log, func() {
 			fmt.Fprintf(stdout, "sbx %s: API %s, data %s\n", version, api.url, cf.data)

@@ -111,11 +111,16 @@ func credsOption(creds []byte) (nats.Option, error) {
 	return nats.UserJWTAndSeed(token, string(seed)), nil
 }
 
+// drainTimeout bounds how long drain waits for a connection to deliver what it holds: a stop must
+// not wait on a NATS server that does not answer.
+const drainTimeout = 5 * time.Second
+
 // connect dials NATS with sbx's settings: reconnect forever, notice a dead link within seconds, and
 // make a full reconnect buffer an error the publisher sees. opts come last and override them.
 func connect(log *slog.Logger, name, url string, opts ...nats.Option) (*nats.Conn, error) {
 	opts = append([]nats.Option{
 		nats.Name(name),
+		nats.DrainTimeout(drainTimeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
 		nats.PingInterval(2 * time.Second),
@@ -131,6 +136,30 @@ func connect(log *slog.Logger, name, url string, opts ...nats.Option) (*nats.Con
 		return nil, fmt.Errorf("connect to nats %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// drain closes nc once its subscriptions have handled what they hold and what it published has
+// reached the server, within drainTimeout: a stopping runner's last control replies, a coordinator's
+// output chunks whose acks it has not waited for. A connection that is not connected has nothing to
+// deliver: Drain closes it at once.
+func drain(nc *nats.Conn) {
+	closed := make(chan struct{})
+	logClosed := nc.Opts.ClosedCB
+	nc.SetClosedHandler(func(c *nats.Conn) {
+		if logClosed != nil {
+			logClosed(c)
+		}
+		close(closed)
+	})
+	if err := nc.Drain(); err != nil {
+		nc.Close()
+		return
+	}
+	select {
+	case <-closed:
+	case <-time.After(2 * drainTimeout):
+		nc.Close()
+	}
 }
 
 // dialRetry is the pause between two attempts to reach NATS at start-up; dialNotice the one between

@@ -78,7 +78,7 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 	if err != nil || nc == nil {
 		return err
 	}
-	defer nc.Close()
+	defer drain(nc)
 	if enrolled != nil {
 		renewCtx, stopRenew := context.WithCancel(ctx)
 		renewed := make(chan struct{})

@@ -83,8 +83,8 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	defer coordConn.Close()
-	defer runnerConn.Close()
+	defer drain(coordConn)
+	defer drain(runnerConn) // before the coordinator's, and both before the server shuts down
 	return runServe(ctx, sf, api, ns, coordConn, runnerConn, secrets, log, stdout)
 }
 
@@ -182,6 +182,7 @@ func serveConns(log *slog.Logger, ns *server.Server, auth *natsauth.Authority, r
 	runnerConn, err = connect(log, "sbx-runner", "", nats.InProcessServer(ns), runnerUser,
 		nats.CustomInboxPrefix(natsauth.RunnerInboxPrefix(rf.id)))
 	if err != nil {
+		// serve stops before it started: nothing was published on the coordinator's connection.
 		coordConn.Close()
 		return nil, nil, err
 	}
