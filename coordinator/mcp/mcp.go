@@ -21,14 +21,14 @@ const (
 	// wait, the first from the offset for output. An agent's context is the scarce thing; the rest
 	// is paged with the output tool or read from the job's output_path.
 	InlineOutput = 30 << 10
-	// mcpMaxOutputLimit is the most the output tool returns when asked for more.
-	mcpMaxOutputLimit = 256 << 10
+	// maxOutputLimit is the most the output tool returns when asked for more.
+	maxOutputLimit = 256 << 10
 	// DefaultMaxBlock is how long a blocking call waits at most before it returns a continuation:
 	// MCP clients give up on a call after 60 s by default (error -32001), and an agent whose `run`
 	// timed out never learns the job's id.
 	DefaultMaxBlock = 50 * time.Second
-	// mcpProgressEvery is how often a blocking call reports progress to a client that asked for it.
-	mcpProgressEvery = 5 * time.Second
+	// progressEvery is how often a blocking call reports progress to a client that asked for it.
+	progressEvery = 5 * time.Second
 )
 
 // Config is what an MCP server needs besides its client of the API.
@@ -36,7 +36,7 @@ type Config struct {
 	// MaxBlock bounds how long one tool call blocks (default DefaultMaxBlock); a longer wait is
 	// a loop of calls, each returning a continuation.
 	MaxBlock time.Duration
-	// ProgressEvery is the interval of progress notifications (default mcpProgressEvery).
+	// ProgressEvery is the interval of progress notifications (default progressEvery).
 	ProgressEvery time.Duration
 	// Cwd is run's directory when the call names none; "" makes cwd required.
 	Cwd string
@@ -54,7 +54,7 @@ func (c Config) withDefaults() Config {
 		c.MaxBlock = DefaultMaxBlock
 	}
 	if c.ProgressEvery <= 0 {
-		c.ProgressEvery = mcpProgressEvery
+		c.ProgressEvery = progressEvery
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -93,8 +93,8 @@ func (h *Host) Close() {
 // StatelessVersion is the first MCP protocol version without sessions (SEP-2575).
 const StatelessVersion = "2026-07-28"
 
-// mcpSessionVersions returns the protocol versions the SDK supports that open a session.
-func mcpSessionVersions() []string {
+// sessionVersions returns the protocol versions the SDK supports that open a session.
+func sessionVersions() []string {
 	var vs []string
 	for _, v := range sdk.SupportedProtocolVersions() {
 		if v < StatelessVersion { // the versions are dates: they sort as strings
@@ -104,8 +104,8 @@ func mcpSessionVersions() []string {
 	return vs
 }
 
-// mcpInstructions is the server's instructions: what a model needs to use the tools together.
-const mcpInstructions = `sbx runs shell commands as background jobs, each in its own cgroup (optionally read-only sandboxed), on this machine or a fleet, and tells you when they end, print a line you asked about, or wait at a prompt.
+// instructions is the server's instructions: what a model needs to use the tools together.
+const instructions = `sbx runs shell commands as background jobs, each in its own cgroup (optionally read-only sandboxed), on this machine or a fleet, and tells you when they end, print a line you asked about, or wait at a prompt.
 
 Jobs: "run" starts a command. With block_until_ms it waits for the end and returns the exit code and output (builds, tests, one-off commands); without, it returns the job id at once (servers, watchers, long builds). No call blocks longer than %s: a call that reaches that returns the job id, the output so far and a continuation, the exact "wait" call to make next. A long wait is a loop of such calls.
 Pattern (as AwaitShell): start a server in the background, then call "wait" with a pattern that matches the line saying it is up, e.g. {"id":ID,"pattern":"listening on|ready"}; then use it, and "kill" it when done.
@@ -146,7 +146,7 @@ func (h *Host) server(c *client.Client, raw *rawTransport) *sdk.Server {
 		caps.Experimental = map[string]any{ClaudeChannel: map[string]any{}}
 	}
 	s := sdk.NewServer(&sdk.Implementation{Name: "sbx", Title: "sbx background jobs", Version: h.cfg.Version}, &sdk.ServerOptions{
-		Instructions: fmt.Sprintf(mcpInstructions, h.cfg.MaxBlock, InlineOutput>>10, pushedAs, session),
+		Instructions: fmt.Sprintf(instructions, h.cfg.MaxBlock, InlineOutput>>10, pushedAs, session),
 		Capabilities: caps,
 		SchemaCache:  h.schemas,
 		// Push needs a session: a connection opened by initialize, on which the server may speak
@@ -155,13 +155,13 @@ func (h *Host) server(c *client.Client, raw *rawTransport) *sdk.Server {
 		// notifications/initialized ever starts a pusher. Offering only the versions before it makes
 		// such a client fall back to initialize at the newest of them (the SDK's client does so on
 		// its own), over stdio as over HTTP, whose stateful handler offers no more either.
-		SupportedProtocolVersions: mcpSessionVersions(),
+		SupportedProtocolVersions: sessionVersions(),
 		InitializedHandler: func(_ context.Context, req *sdk.InitializedRequest) {
 			h.startPusher(req.Session, c, raw)
 		},
 	})
 	s.AddReceivingMiddleware(h.watchLogLevel)
-	t := &mcpTools{c: c, cfg: h.cfg}
+	t := &tools{c: c, cfg: h.cfg}
 	t.register(s)
 	return s
 }

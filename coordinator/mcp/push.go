@@ -28,7 +28,7 @@ const (
 
 // startPusher pushes the notifications of c's session to ss as they are stored, until ss closes or
 // h closes (which closes ss). It starts at the session's acked cursor and never acks: see push.
-// It runs for sessions opened by initialize, the only ones the server offers (mcpSessionVersions):
+// It runs for sessions opened by initialize, the only ones the server offers (sessionVersions):
 // a client asking for a later protocol falls back to initialize.
 //
 // It reads the first notification only once the client can receive one: when it declared Claude

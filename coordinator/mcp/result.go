@@ -16,7 +16,7 @@ import (
 
 // jobResult returns j with its output from byte from to the end it has now, cut to the last
 // InlineOutput bytes, from the first line that starts in them (as the API's start reply cuts).
-func (t *mcpTools) jobResult(ctx context.Context, j *client.Job, from int64) (*JobResult, error) {
+func (t *tools) jobResult(ctx context.Context, j *client.Job, from int64) (*JobResult, error) {
 	res := &JobResult{Job: j, Done: j.Ended()}
 	end := j.OutputBytes
 	from = min(from, end)
@@ -113,7 +113,7 @@ func jsonText(v any) string {
 // progress sends a progress notification every t.cfg.ProgressEvery until the returned stop is
 // called, when the call carries a progress token: a client sees that the call is alive, and one
 // that resets its timeout on progress waits on.
-func (t *mcpTools) progress(ctx context.Context, req *sdk.CallToolRequest, budget time.Duration, what string) (stop func()) {
+func (t *tools) progress(ctx context.Context, req *sdk.CallToolRequest, budget time.Duration, what string) (stop func()) {
 	token := req.Params.GetProgressToken()
 	if token == nil || req.Session == nil || budget <= 0 {
 		return func() {}

@@ -16,16 +16,16 @@ import (
 )
 
 const (
-	// mcpDefaultWait is wait's timeout when the call gives none, the API's default.
-	mcpDefaultWait = 30 * time.Second
-	// mcpListLimit is how many jobs list shows when the call does not say.
-	mcpListLimit = 20
+	// defaultWait is wait's timeout when the call gives none, the API's default.
+	defaultWait = 30 * time.Second
+	// listLimit is how many jobs list shows when the call does not say.
+	listLimit = 20
 )
 
 // Tool inputs. Every field but the ids and the command is optional: the JSON schema the SDK derives
 // marks a field required unless it is omitempty.
 type (
-	mcpStart struct {
+	startInput struct {
 		Command            string            `json:"command" jsonschema:"the shell command, run with bash -c (sh -c where the runner has no bash, or with shell sh); e.g. \"make test 2>&1\" or \"npm run dev\""`
 		Cwd                string            `json:"cwd,omitempty" jsonschema:"absolute directory to run in; default: the directory sbx mcp was started in (required over HTTP)"`
 		Title              string            `json:"title,omitempty" jsonschema:"short title shown in notifications; default: the command's first line"`
@@ -39,68 +39,68 @@ type (
 		LingerCgroup       bool              `json:"linger_cgroup,omitempty" jsonschema:"keep the job until every process it started has exited, a daemon started with nohup or setsid and its output redirected too: it stays a job you can wait on and kill"`
 		Pool               string            `json:"pool,omitempty" jsonschema:"pool of runners (default: default)"`
 		Session            string            `json:"session,omitempty" jsonschema:"session of the job (default: this connection's)"`
-		Limits             *mcpLimits        `json:"limits,omitempty" jsonschema:"resource limits; each field is optional, 0 or absent is the default"`
+		Limits             *limitsInput      `json:"limits,omitempty" jsonschema:"resource limits; each field is optional, 0 or absent is the default"`
 		BlockUntilMS       int64             `json:"block_until_ms,omitempty" jsonschema:"wait up to this long for the job to end and return its exit code and output; 0 or absent returns at once with the job id. One call waits at most about 50 s and then returns a continuation (call wait with the id)"`
-		NotifyOnOutput     *mcpNotifyOn      `json:"notify_on_output,omitempty" jsonschema:"send a notification when an output line matches a pattern, e.g. {\"pattern\":\"FAIL|panic\"}"`
+		NotifyOnOutput     *notifyOnInput    `json:"notify_on_output,omitempty" jsonschema:"send a notification when an output line matches a pattern, e.g. {\"pattern\":\"FAIL|panic\"}"`
 		Monitor            bool              `json:"monitor,omitempty" jsonschema:"every output line becomes a notification (for a tail -f or a log watcher filtered to what matters); stopped if it prints more than 200 lines in 10 s"`
 		Persistent         bool              `json:"persistent,omitempty" jsonschema:"with monitor: no default 30-minute timeout"`
 		NotificationFormat string            `json:"notification_format,omitempty" jsonschema:"text format of the job's notifications: system_notification or task_notification (Claude Code's); default: the session's"`
 	}
-	mcpLimits struct {
+	limitsInput struct {
 		MemoryBytes   int64 `json:"memory_bytes,omitempty" jsonschema:"memory limit in bytes (at least 4 MiB)"`
 		CPUMillicores int64 `json:"cpu_millicores,omitempty" jsonschema:"CPU limit in thousandths of a CPU (1500 = 1.5 CPUs)"`
 		Pids          int64 `json:"pids,omitempty" jsonschema:"limit on processes"`
 		OutputBytes   int64 `json:"output_bytes,omitempty" jsonschema:"end the job (reason output_limit) past this much output (default 1 GiB)"`
 		TimeoutMS     int64 `json:"timeout_ms,omitempty" jsonschema:"end the job (reason timeout) after this many milliseconds (default: none)"`
 	}
-	mcpNotifyOn struct {
+	notifyOnInput struct {
 		Pattern    string `json:"pattern" jsonschema:"RE2 pattern matched against each output line"`
 		Reason     string `json:"reason,omitempty" jsonschema:"why, quoted in the notification (default: the pattern)"`
 		DebounceMS int64  `json:"debounce_ms,omitempty" jsonschema:"matches within this window after the first are counted and sent as one (default and minimum 5000)"`
 	}
-	mcpJob struct {
+	jobInput struct {
 		ID string `json:"id" jsonschema:"the job id, as run returned it"`
 	}
-	mcpList struct {
+	listInput struct {
 		Session string `json:"session,omitempty" jsonschema:"only this session's jobs"`
 		Status  string `json:"status,omitempty" jsonschema:"only jobs in this status: queued, running, succeeded, failed or aborted"`
 		Limit   int    `json:"limit,omitempty" jsonschema:"at most this many, newest first (default 20, at most 1000)"`
 	}
-	mcpWait struct {
+	waitInput struct {
 		ID        string `json:"id,omitempty" jsonschema:"the job id; without one, wait just sleeps timeout_ms (to give something outside sbx time)"`
 		TimeoutMS *int64 `json:"timeout_ms,omitempty" jsonschema:"give up after this many milliseconds (default 30000, at most 7140000); one call waits at most about 50 s and returns a continuation with the time left"`
 		Pattern   string `json:"pattern,omitempty" jsonschema:"return as soon as this RE2 pattern matches the output so far (^ and $ match at line ends), e.g. \"listening on|ready\""`
 		Offset    int64  `json:"offset,omitempty" jsonschema:"show output from this byte on (the output_end of the previous result), at most its last 30 KiB"`
 		Port      string `json:"port,omitempty" jsonschema:"return as soon as the job listens on this TCP port, e.g. \"5173\", or on any: \"any\" (for a server: ready when it listens)"`
 	}
-	mcpOutput struct {
+	outputInput struct {
 		ID     string `json:"id" jsonschema:"the job id"`
 		Offset int64  `json:"offset,omitempty" jsonschema:"first byte to return (default 0)"`
 		Limit  int64  `json:"limit,omitempty" jsonschema:"at most this many bytes (default 30720, at most 262144)"`
 	}
-	mcpSend struct {
+	sendInput struct {
 		ID    string `json:"id" jsonschema:"the job id; the job must have been started with stdin: true or tty: true"`
 		Text  string `json:"text,omitempty" jsonschema:"bytes written as they are: end with \n to answer a prompt, e.g. \"y\\n\" (at most 64 KiB)"`
 		Close bool   `json:"close,omitempty" jsonschema:"close the input after the text (end of file)"`
 	}
-	mcpKill struct {
+	killInput struct {
 		ID     string `json:"id" jsonschema:"the job id"`
 		Signal string `json:"signal,omitempty" jsonschema:"TERM (default: TERM to every process of the job, KILL after 2 s), KILL, or INT, HUP, QUIT, USR1, USR2 (sent to the job's process group only; the job may go on)"`
 	}
-	mcpNotifications struct {
+	notificationsInput struct {
 		Session string  `json:"session,omitempty" jsonschema:"the session (default: this connection's)"`
 		After   *uint64 `json:"after,omitempty" jsonschema:"list notifications after this seq (default: the session's acked cursor, i.e. the ones not acked yet)"`
 		WaitMS  int64   `json:"wait_ms,omitempty" jsonschema:"wait up to this long for the first one (default 0, at most 300000); one call waits at most about 50 s"`
 		Format  string  `json:"format,omitempty" jsonschema:"write each text as system_notification or task_notification (Claude Code's); default: as stored"`
 	}
-	mcpAck struct {
+	ackInput struct {
 		Session string `json:"session,omitempty" jsonschema:"the session (default: this connection's)"`
 		Seq     uint64 `json:"seq" jsonschema:"every notification up to this seq has been acted on and is not listed again"`
 	}
-	mcpSession struct {
+	sessionInput struct {
 		Session string `json:"session" jsonschema:"the session id: the name that groups jobs and their notifications, given by run's session, by sbx mcp --session or the Sbx-Session header, else default"`
 	}
-	mcpNone struct{}
+	noInput struct{}
 )
 
 // JobResult is what run and wait return: the job, the end of its output and, when the call
@@ -137,8 +137,8 @@ type OutputResult struct {
 	Total  int64  `json:"total" jsonschema:"the output's size now"`
 }
 
-// mcpTools implements the tools on a client of the API.
-type mcpTools struct {
+// tools implements the tools on a client of the API.
+type tools struct {
 	c   *client.Client
 	cfg Config
 }
@@ -146,7 +146,7 @@ type mcpTools struct {
 func hint(b bool) *bool { return &b }
 
 // register adds every tool to s.
-func (t *mcpTools) register(s *sdk.Server) {
+func (t *tools) register(s *sdk.Server) {
 	readOnly := &sdk.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: hint(false)}
 	sdk.AddTool(s, &sdk.Tool{Name: "run", Annotations: &sdk.ToolAnnotations{Title: "Run a shell command", DestructiveHint: hint(true), OpenWorldHint: hint(true)},
 		Description: `Run a shell command as a job, in the background or until it ends.
@@ -196,7 +196,7 @@ When you do poll a job closely, do not stop until it ends, reaches a healthy ste
 }
 
 // api calls the API and returns its JSON reply as the result's text.
-func (t *mcpTools) api(ctx context.Context, method, path string, body any) (*sdk.CallToolResult, any, error) {
+func (t *tools) api(ctx context.Context, method, path string, body any) (*sdk.CallToolResult, any, error) {
 	raw, err := t.c.Do(ctx, method, path, body)
 	if err != nil {
 		return nil, nil, err
@@ -208,7 +208,7 @@ func textResult(s string) *sdk.CallToolResult {
 	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: s}}}
 }
 
-func (t *mcpTools) run(ctx context.Context, req *sdk.CallToolRequest, in mcpStart) (*sdk.CallToolResult, *JobResult, error) {
+func (t *tools) run(ctx context.Context, req *sdk.CallToolRequest, in startInput) (*sdk.CallToolResult, *JobResult, error) {
 	if in.BlockUntilMS < 0 {
 		return nil, nil, errors.New("block_until_ms must not be negative")
 	}
@@ -258,8 +258,8 @@ func (t *mcpTools) run(ctx context.Context, req *sdk.CallToolRequest, in mcpStar
 	return textResult(res.text(note)), res, nil
 }
 
-func (t *mcpTools) wait(ctx context.Context, req *sdk.CallToolRequest, in mcpWait) (*sdk.CallToolResult, *JobResult, error) {
-	asked := mcpDefaultWait
+func (t *tools) wait(ctx context.Context, req *sdk.CallToolRequest, in waitInput) (*sdk.CallToolResult, *JobResult, error) {
+	asked := defaultWait
 	if in.TimeoutMS != nil {
 		if *in.TimeoutMS < 0 {
 			return nil, nil, errors.New("timeout_ms must not be negative")
@@ -309,7 +309,7 @@ func (t *mcpTools) wait(ctx context.Context, req *sdk.CallToolRequest, in mcpWai
 }
 
 // sleep is wait without a job: AwaitShell's sleep, bounded as every blocking call.
-func (t *mcpTools) sleep(ctx context.Context, req *sdk.CallToolRequest, in mcpWait, asked, budget time.Duration) (*sdk.CallToolResult, *JobResult, error) {
+func (t *tools) sleep(ctx context.Context, req *sdk.CallToolRequest, in waitInput, asked, budget time.Duration) (*sdk.CallToolResult, *JobResult, error) {
 	if in.Pattern != "" || in.Offset != 0 {
 		return nil, nil, errors.New("pattern and offset need a job id")
 	}
@@ -331,7 +331,7 @@ func (t *mcpTools) sleep(ctx context.Context, req *sdk.CallToolRequest, in mcpWa
 }
 
 // waitNext is the wait call that goes on waiting for left more.
-func (t *mcpTools) waitNext(res *JobResult, left time.Duration, pattern, port string) *Continuation {
+func (t *tools) waitNext(res *JobResult, left time.Duration, pattern, port string) *Continuation {
 	args := map[string]any{"id": res.Job.ID, "timeout_ms": max(left, time.Millisecond).Milliseconds(), "offset": res.OutputEnd}
 	if pattern != "" {
 		args["pattern"] = pattern
@@ -342,7 +342,7 @@ func (t *mcpTools) waitNext(res *JobResult, left time.Duration, pattern, port st
 	return &Continuation{Tool: "wait", Arguments: args}
 }
 
-func (t *mcpTools) stillRunning(res *JobResult) string {
+func (t *tools) stillRunning(res *JobResult) string {
 	return fmt.Sprintf("Still %s: this call returned after %s, the most one call waits, so that your client does not time out. To go on waiting, call %s with %s.",
 		res.Job.Status, t.cfg.MaxBlock, res.Next.Tool, jsonText(res.Next.Arguments))
 }
@@ -352,7 +352,7 @@ func backgroundHelp(res *JobResult) string {
 		res.Job.ID, res.Job.ID, res.OutputEnd)
 }
 
-func (t *mcpTools) output(ctx context.Context, _ *sdk.CallToolRequest, in mcpOutput) (*sdk.CallToolResult, *OutputResult, error) {
+func (t *tools) output(ctx context.Context, _ *sdk.CallToolRequest, in outputInput) (*sdk.CallToolResult, *OutputResult, error) {
 	if in.Offset < 0 || in.Limit < 0 {
 		return nil, nil, errors.New("offset and limit must not be negative")
 	}
@@ -360,7 +360,7 @@ func (t *mcpTools) output(ctx context.Context, _ *sdk.CallToolRequest, in mcpOut
 	if limit == 0 {
 		limit = InlineOutput
 	}
-	limit = min(limit, mcpMaxOutputLimit)
+	limit = min(limit, maxOutputLimit)
 	out, total, err := t.c.Output(ctx, in.ID, in.Offset, limit)
 	if err != nil {
 		return nil, nil, err
@@ -377,7 +377,7 @@ func (t *mcpTools) output(ctx context.Context, _ *sdk.CallToolRequest, in mcpOut
 	return textResult(msg + "]"), res, nil
 }
 
-func (t *mcpTools) send(ctx context.Context, _ *sdk.CallToolRequest, in mcpSend) (*sdk.CallToolResult, any, error) {
+func (t *tools) send(ctx context.Context, _ *sdk.CallToolRequest, in sendInput) (*sdk.CallToolResult, any, error) {
 	if in.Text == "" && !in.Close {
 		return nil, nil, errors.New("give text to write, or close: true")
 	}
@@ -391,17 +391,17 @@ func (t *mcpTools) send(ctx context.Context, _ *sdk.CallToolRequest, in mcpSend)
 	return textResult(msg + `. To see what it printed, call wait with {"id":` + jsonText(in.ID) + `,"timeout_ms":2000} and the offset of your last result.`), nil, nil
 }
 
-func (t *mcpTools) status(ctx context.Context, _ *sdk.CallToolRequest, in mcpJob) (*sdk.CallToolResult, any, error) {
+func (t *tools) status(ctx context.Context, _ *sdk.CallToolRequest, in jobInput) (*sdk.CallToolResult, any, error) {
 	return t.api(ctx, "GET", "/v1/jobs/"+url.PathEscape(in.ID), nil)
 }
 
-func (t *mcpTools) list(ctx context.Context, _ *sdk.CallToolRequest, in mcpList) (*sdk.CallToolResult, any, error) {
+func (t *tools) list(ctx context.Context, _ *sdk.CallToolRequest, in listInput) (*sdk.CallToolResult, any, error) {
 	// Fewer than the API's 100 by default: a listing goes into a model's context.
-	limit := cmp.Or(in.Limit, mcpListLimit)
+	limit := cmp.Or(in.Limit, listLimit)
 	return t.api(ctx, "GET", client.JobsPath(client.JobsQuery{Session: in.Session, Status: in.Status, Limit: limit}), nil)
 }
 
-func (t *mcpTools) kill(ctx context.Context, _ *sdk.CallToolRequest, in mcpKill) (*sdk.CallToolResult, any, error) {
+func (t *tools) kill(ctx context.Context, _ *sdk.CallToolRequest, in killInput) (*sdk.CallToolResult, any, error) {
 	var body any
 	if in.Signal != "" {
 		body = map[string]string{"signal": in.Signal}
@@ -409,7 +409,7 @@ func (t *mcpTools) kill(ctx context.Context, _ *sdk.CallToolRequest, in mcpKill)
 	return t.api(ctx, "POST", "/v1/jobs/"+url.PathEscape(in.ID)+"/kill", body)
 }
 
-func (t *mcpTools) notifications(ctx context.Context, req *sdk.CallToolRequest, in mcpNotifications) (*sdk.CallToolResult, *client.Notifications, error) {
+func (t *tools) notifications(ctx context.Context, req *sdk.CallToolRequest, in notificationsInput) (*sdk.CallToolResult, *client.Notifications, error) {
 	if in.WaitMS < 0 {
 		return nil, nil, errors.New("wait_ms must not be negative")
 	}
@@ -448,7 +448,7 @@ func (t *mcpTools) notifications(ctx context.Context, req *sdk.CallToolRequest, 
 	return textResult(msg), page, nil
 }
 
-func (t *mcpTools) ack(ctx context.Context, _ *sdk.CallToolRequest, in mcpAck) (*sdk.CallToolResult, any, error) {
+func (t *tools) ack(ctx context.Context, _ *sdk.CallToolRequest, in ackInput) (*sdk.CallToolResult, any, error) {
 	s, err := t.c.Ack(ctx, in.Session, in.Seq)
 	if err != nil {
 		return nil, nil, err
@@ -456,10 +456,10 @@ func (t *mcpTools) ack(ctx context.Context, _ *sdk.CallToolRequest, in mcpAck) (
 	return textResult(fmt.Sprintf("Acked up to seq %d of session %s (last seq %d).", s.Acked, s.ID, s.LastSeq)), nil, nil
 }
 
-func (t *mcpTools) endSession(ctx context.Context, _ *sdk.CallToolRequest, in mcpSession) (*sdk.CallToolResult, any, error) {
+func (t *tools) endSession(ctx context.Context, _ *sdk.CallToolRequest, in sessionInput) (*sdk.CallToolResult, any, error) {
 	return t.api(ctx, "DELETE", "/v1/sessions/"+url.PathEscape(in.Session), nil)
 }
 
-func (t *mcpTools) runners(ctx context.Context, _ *sdk.CallToolRequest, _ mcpNone) (*sdk.CallToolResult, any, error) {
+func (t *tools) runners(ctx context.Context, _ *sdk.CallToolRequest, _ noInput) (*sdk.CallToolResult, any, error) {
 	return t.api(ctx, "GET", "/v1/runners", nil)
 }
