@@ -23,6 +23,9 @@ import (
 	"github.com/sbx-dev/sbx/proto"
 )
 
+// defaultEnrollTTL is how long enrolled creds are valid unless --enroll-creds-ttl says.
+const defaultEnrollTTL = 24 * time.Hour
+
 func cmdCoordinator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlags("coordinator", stderr)
 	var cf coordinatorFlags

@@ -20,9 +20,6 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/natsauth"
 )
 
-// defaultEnrollTTL is how long enrolled creds are valid unless --enroll-creds-ttl says.
-const defaultEnrollTTL = 24 * time.Hour
-
 // enroll asks the coordinator at base for the creds of runner id of pool with the enroll key.
 func enroll(ctx context.Context, bases, key, id, pool string) ([]byte, error) {
 	// A fleet's coordinators, comma-separated: any of them answers (one forwards to the leader),
