@@ -26,6 +26,8 @@ import (
 // defaultEnrollTTL is how long enrolled creds are valid unless --enroll-creds-ttl says.
 const defaultEnrollTTL = 24 * time.Hour
 
+// cmdCoordinator runs a coordinator against an external NATS: a standby that forwards the API's
+// calls until it holds the lease, then the leader (lead.go).
 func cmdCoordinator(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := newFlags("coordinator", stderr)
 	var cf coordinatorFlags

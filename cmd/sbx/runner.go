@@ -15,6 +15,8 @@ import (
 	"github.com/sbx-dev/sbx/sandbox"
 )
 
+// cmdRunner runs a runner against an external NATS, with creds of its own (--nats-creds) or
+// enrolled ones (--enroll, enroll.go).
 func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr io.Writer) error {
 	fs := newFlags("runner", stderr)
 	var rf runnerFlags
