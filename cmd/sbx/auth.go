@@ -1,20 +1,14 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
+	"github.com/sbx-dev/sbx/coordinator/natsauth"
 )
-
-// serveAuthDir is where `sbx serve` keeps its NATS authority, under its data dir.
-const serveAuthDir = "nats-auth"
 
 const authUsage = `usage: sbx auth <command> [flags]
 
@@ -226,98 +220,4 @@ func cmdAuthRevoke(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "revoked %s; wrote %s: reload the NATS server (nats-server --signal reload) to apply\n", who, confPath)
 	return nil
-}
-
-// natsFlags are the NATS client flags the coordinator and the runner share. Credentials come from a
-// file only: never on the command line or in an environment that jobs inherit.
-type natsFlags struct {
-	url, creds, ca, tlsCert, tlsKey string
-}
-
-func (n *natsFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&n.url, "nats", "", "NATS URL (required)")
-	fs.StringVar(&n.creds, "nats-creds", "", "NATS credentials file (mode 0600), from sbx auth init or sbx auth runner")
-	fs.StringVar(&n.ca, "nats-ca", "", "PEM CA bundle the NATS server's certificate must chain to (TLS)")
-	fs.StringVar(&n.tlsCert, "nats-tls-cert", "", "PEM client certificate for NATS (TLS); needs --nats-tls-key")
-	fs.StringVar(&n.tlsKey, "nats-tls-key", "", "PEM private key of --nats-tls-cert")
-}
-
-// options checks the flags and returns the connection options they ask for. runnerID, when set,
-// gives the connection the runner's own inbox prefix.
-func (n *natsFlags) options(runnerID string) ([]nats.Option, error) {
-	var opts []nats.Option
-	if n.creds != "" {
-		if _, err := natsauth.ReadSecret(n.creds); err != nil {
-			return nil, fmt.Errorf("--nats-creds: %w", err)
-		}
-		opts = append(opts, nats.UserCredentials(n.creds))
-	}
-	if runnerID != "" {
-		opts = append(opts, nats.CustomInboxPrefix(natsauth.RunnerInboxPrefix(runnerID)))
-	}
-	if n.ca != "" {
-		opts = append(opts, nats.RootCAs(n.ca))
-	}
-	if (n.tlsCert == "") != (n.tlsKey == "") {
-		return nil, usageError("--nats-tls-cert and --nats-tls-key go together")
-	}
-	if n.tlsCert != "" {
-		opts = append(opts, nats.ClientCert(n.tlsCert, n.tlsKey))
-	}
-	return opts, nil
-}
-
-// checkCredsPool checks that --nats-creds, when limited to a pool, are for pool: a runner of
-// another pool would be refused its heartbeats and its pulls.
-func (n *natsFlags) checkCredsPool(pool string) error {
-	if n.creds == "" {
-		return nil
-	}
-	b, err := natsauth.ReadSecret(n.creds)
-	if err != nil {
-		return fmt.Errorf("--nats-creds: %w", err)
-	}
-	credsPool, err := natsauth.PoolOf(b)
-	if err != nil {
-		return fmt.Errorf("--nats-creds: %w", err)
-	}
-	if credsPool != "" && credsPool != pool {
-		return usageError("--pool %s but --nats-creds are for pool %s", pool, credsPool)
-	}
-	return nil
-}
-
-// runnerIDFromCreds returns the runner id --nats-creds was minted for, checking it against --id:
-// a runner connecting with another runner's creds would be refused every publish.
-func (n *natsFlags) runnerIDFromCreds(id string) (string, error) {
-	if n.creds == "" {
-		return id, nil
-	}
-	b, err := natsauth.ReadSecret(n.creds)
-	if err != nil {
-		return "", fmt.Errorf("--nats-creds: %w", err)
-	}
-	credsID, err := natsauth.RunnerOf(b)
-	if err != nil {
-		return "", fmt.Errorf("--nats-creds: %w", err)
-	}
-	switch {
-	case credsID == "":
-		return id, nil // not a runner's creds (a shared user of the operator's own): its business
-	case id == "":
-		return credsID, nil
-	case id != credsID:
-		return "", usageError("--id %s but --nats-creds is runner %s's", id, credsID)
-	}
-	return id, nil
-}
-
-// credsOption returns the option that connects as the user of creds held in memory: serve's
-// in-process connections, an enrolled runner.
-func credsOption(creds []byte) (nats.Option, error) {
-	token, seed, err := natsauth.Split(creds)
-	if err != nil {
-		return nil, err
-	}
-	return nats.UserJWTAndSeed(token, string(seed)), nil
 }

@@ -20,9 +20,6 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/client"
 )
 
-// maxWaitStep is the longest single wait the API accepts; longer waits are made of several.
-const maxWaitStep = 7140 * time.Second
-
 // clientCmd is what every client command shares: the client and the --json flag.
 type clientCmd struct {
 	c      *client.Client
@@ -83,27 +80,6 @@ func (cc *clientCmd) explain(err error) error {
 	return err
 }
 
-// parseArgs parses flags that may come before or after the positional arguments; everything after
-// "--" is positional.
-func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for len(args) > 0 {
-		if err := parse(fs, args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		if len(rest) == 0 {
-			break
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-	return pos, nil
-}
-
 // oneID parses flags and exactly one job id.
 func oneID(fs *flag.FlagSet, args []string) (string, error) {
 	pos, err := parseArgs(fs, args)
@@ -136,6 +112,7 @@ func exitWith(j *client.Job) error {
 type envList map[string]string
 
 func (e envList) String() string { return "" }
+
 func (e envList) Set(v string) error {
 	k, val, ok := strings.Cut(v, "=")
 	if !ok || k == "" {
@@ -143,27 +120,6 @@ func (e envList) Set(v string) error {
 	}
 	e[k] = val
 	return nil
-}
-
-// parseBytes reads sizes like 512M, 1G, 64MiB, 1000000.
-func parseBytes(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1}}
-	mult := int64(1)
-	num := s
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f < 0 || f*float64(mult) > 1<<50 {
-		return 0, fmt.Errorf("%q is not a size like 512M", s)
-	}
-	return int64(f * float64(mult)), nil
 }
 
 func (cc *clientCmd) run(ctx context.Context, fs *flag.FlagSet, args []string) error {
@@ -378,7 +334,7 @@ func (cc *clientCmd) wait(ctx context.Context, fs *flag.FlagSet, args []string) 
 		deadline = time.Now().Add(*timeout)
 	}
 	for {
-		step := maxWaitStep
+		step := client.MaxWait
 		if !deadline.IsZero() {
 			step = min(step, max(0, time.Until(deadline)))
 		}

@@ -27,10 +27,14 @@ func TestLayers(t *testing.T) {
 	}{
 		{mod + "coordinator", []string{mod + "runner", mod + "sandbox"}, nil},
 		{mod + "runner", []string{mod + "coordinator"}, nil},
-		{mod + "coordinator/httpapi", []string{mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/client"}, nil},
-		{mod + "coordinator/store", []string{mod + "coordinator/httpapi", mod + "coordinator/natsbus", mod + "coordinator/client", mod + "coordinator/api"}, nil},
-		{mod + "coordinator/natsbus", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/client", mod + "coordinator/api"}, nil},
+		{mod + "coordinator/httpapi", []string{mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/client", mod + "coordinator/natsauth"}, nil},
+		{mod + "coordinator/store", []string{mod + "coordinator/httpapi", mod + "coordinator/natsbus", mod + "coordinator/client", mod + "coordinator/api", mod + "coordinator/natsauth"}, nil},
+		{mod + "coordinator/natsbus", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/client", mod + "coordinator/api", mod + "coordinator/natsauth"}, nil},
+		// The NATS authority mints credentials from proto's subjects alone.
+		{mod + "coordinator/natsauth", []string{mod + "coordinator/httpapi", mod + "coordinator/store", mod + "coordinator/natsbus", mod + "coordinator/client", mod + "coordinator/api"}, nil},
 		{mod + "coordinator/client", []string{mod + "coordinator"}, []string{mod + "coordinator/api"}},
+		// The MCP server calls the API through its Go client alone, in-process or over HTTP.
+		{mod + "coordinator/mcp", []string{mod + "coordinator", mod + "proto"}, []string{mod + "coordinator/client", mod + "coordinator/api"}},
 		{mod + "sandbox", []string{mod + "coordinator", mod + "runner", "github.com/nats-io/", "net/http"}, nil},
 	}
 	exact := map[string][]string{
@@ -66,7 +70,7 @@ func TestLayers(t *testing.T) {
 		}
 		checked++
 	}
-	if checked < 10 {
+	if checked < 12 {
 		t.Fatalf("checked only %d packages", checked)
 	}
 }

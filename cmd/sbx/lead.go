@@ -20,6 +20,7 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/coordinator/mcp"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
 	"github.com/sbx-dev/sbx/coordinator/store"
 )
@@ -195,12 +196,9 @@ func (c *coordinatorRole) lead(ctx context.Context, nc *nats.Conn, cf coordinato
 	cfg := api.cfg
 	cfg.Ready = bus.Ready
 	cfg.Role = c.role
-	mcpHTTP := newMCPHTTP(ctx, mcpConfig{MaxBlock: cf.mcpMaxBlock, Logger: log}, cf.mcpSessions)
-	defer mcpHTTP.close()
+	mcpHTTP := mcp.NewHTTP(ctx, mcp.Config{MaxBlock: cf.mcpMaxBlock, Logger: log, Version: version}, cf.mcpSessions, httpapi.MaxBodyBytes)
+	defer mcpHTTP.Close()
 	cfg.Handlers = map[string]http.Handler{"/mcp": mcpHTTP}
-	for pattern, h := range api.cfg.Handlers {
-		cfg.Handlers[pattern] = h
-	}
 	srv := httpapi.NewServer(svc, cfg)
 	mcpHTTP.API = srv.Handler()
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -110,4 +111,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stderr, usage)
 		return usageError("unknown command %q", cmd)
 	}
+}
+
+func newLogger(stderr io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// supervise runs part until ctx ends. A part that returns while ctx is live stopped by itself: that
+// is an error even when it says nil, so that the process exits non-zero and whatever supervises it
+// (systemd, compose) restarts it. Once ctx ended, the part's cancellation is no error.
+func supervise(ctx context.Context, name string, part func(context.Context) error) error {
+	err := part(ctx)
+	switch {
+	case ctx.Err() == nil && err == nil:
+		return fmt.Errorf("%s stopped by itself", name)
+	case ctx.Err() == nil:
+		return fmt.Errorf("%s stopped: %w", name, err)
+	case errors.Is(err, context.Canceled):
+		return nil
+	}
+	return err
 }

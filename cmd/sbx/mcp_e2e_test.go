@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	sbxmcp "github.com/sbx-dev/sbx/coordinator/mcp"
 )
 
 // testMCPStdio drives the sbx binary's `sbx mcp` over stdio as Claude Code would: a client that
@@ -26,15 +28,15 @@ func testMCPStdio(t *testing.T, addr, token, cwd string) {
 	cmd.Dir = cwd
 	cmd.Stderr = os.Stderr
 	channel := make(chan *jsonrpc.Request, 16)
-	mc, m := newMCPClient(&mcp.ClientCapabilities{Experimental: map[string]any{claudeChannel: map[string]any{}}})
+	mc, m := newMCPClient(&mcp.ClientCapabilities{Experimental: map[string]any{sbxmcp.ClaudeChannel: map[string]any{}}})
 	cs, err := mc.Connect(t.Context(), &channelSpy{Transport: &mcp.CommandTransport{Command: cmd}, events: channel}, &mcp.ClientSessionOptions{ProtocolVersion: mcpLegacy})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cs.Close()
 	m.ClientSession = cs
-	if _, ok := cs.InitializeResult().Capabilities.Experimental[claudeChannel]; !ok {
-		t.Errorf("sbx mcp does not declare %s", claudeChannel)
+	if _, ok := cs.InitializeResult().Capabilities.Experimental[sbxmcp.ClaudeChannel]; !ok {
+		t.Errorf("sbx mcp does not declare %s", sbxmcp.ClaudeChannel)
 	}
 	n := driveMCP(t, m, 2*time.Second)
 	select {
@@ -46,7 +48,7 @@ func testMCPStdio(t *testing.T, addr, token, cwd string) {
 		if err := json.Unmarshal(e.Params, &p); err != nil {
 			t.Fatal(err)
 		}
-		if p.Content != n.Text || p.Meta["job_id"] != n.JobID || p.Meta["seq"] != jsonText(n.Seq) || p.Meta["status"] != "error" {
+		if p.Content != n.Text || p.Meta["job_id"] != n.JobID || p.Meta["seq"] != fmt.Sprint(n.Seq) || p.Meta["status"] != "error" {
 			t.Errorf("channel event %s, want the notification %+v", e.Params, n)
 		}
 	case <-time.After(10 * time.Second):
@@ -105,7 +107,7 @@ func testMCPHTTP(t *testing.T, addr, token, cwd string) {
 	if err := quiet.SetLoggingLevel(t.Context(), &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
 		t.Fatal(err)
 	}
-	_, res := call[mcpJobResult](t, quiet, "run", map[string]any{"command": "exit 1", "cwd": cwd})
+	_, res := call[sbxmcp.JobResult](t, quiet, "run", map[string]any{"command": "exit 1", "cwd": cwd})
 	_, page := call[client.Notifications](t, quiet, "notifications", map[string]any{"wait_ms": 10000})
 	if len(page.Notifications) != 1 || page.Notifications[0].JobID != res.Job.ID {
 		t.Fatalf("notifications: %+v", page)
@@ -145,13 +147,13 @@ func testMCPDefaultProtocol(t *testing.T, addr, token, cwd string) {
 				t.Fatal(err)
 			}
 			defer cs.Close()
-			if v := cs.InitializeResult().ProtocolVersion; v >= mcpStatelessVersion {
+			if v := cs.InitializeResult().ProtocolVersion; v >= sbxmcp.StatelessVersion {
 				t.Errorf("session at protocol %s: no push can reach it", v)
 			}
 			if err := cs.SetLoggingLevel(t.Context(), &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
 				t.Fatal(err)
 			}
-			_, res := call[mcpJobResult](t, cs, "run", map[string]any{"command": "exit 3", "cwd": cwd})
+			_, res := call[sbxmcp.JobResult](t, cs, "run", map[string]any{"command": "exit 3", "cwd": cwd})
 			n := nextPush(t, m.logs, res.Job.ID)
 			if n.Status != "error" || !strings.Contains(n.Text, "detail: exit_code=3") {
 				t.Errorf("pushed: %+v", n)
@@ -175,23 +177,23 @@ func driveMCP(t *testing.T, m *mcpClient, maxBlock time.Duration, extra ...strin
 	for i := 0; i+1 < len(extra); i += 2 {
 		args[extra[i]] = extra[i+1]
 	}
-	text, res := call[mcpJobResult](t, cs, "run", args)
+	text, res := call[sbxmcp.JobResult](t, cs, "run", args)
 	id := res.Job.ID
 	if res.Done || !strings.Contains(text, "Started in the background") {
 		t.Fatalf("run: %s", text)
 	}
-	text, res = call[mcpJobResult](t, cs, "wait", map[string]any{"id": id, "pattern": "^listening on", "timeout_ms": 20000})
+	text, res = call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"id": id, "pattern": "^listening on", "timeout_ms": 20000})
 	if !res.PatternMatched || res.Done || !strings.Contains(res.Output, "listening on 8080\n") || res.Matched == nil || *res.Matched != "listening on" ||
 		!strings.Contains(text, `matched "listening on" at byte 9`) {
 		t.Fatalf("wait for the pattern: %s", text)
 	}
-	if _, page := call[mcpOutputResult](t, cs, "output", map[string]any{"id": id}); page.Output != "starting\nlistening on 8080\n" {
+	if _, page := call[sbxmcp.OutputResult](t, cs, "output", map[string]any{"id": id}); page.Output != "starting\nlistening on 8080\n" {
 		t.Errorf("output: %q", page.Output)
 	}
 	// A wait longer than one call may block comes back before the client's timeout, with the
 	// call that goes on waiting.
 	begin := time.Now()
-	_, res = call[mcpJobResult](t, cs, "wait", map[string]any{"id": id, "timeout_ms": 120000, "offset": res.OutputEnd})
+	_, res = call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"id": id, "timeout_ms": 120000, "offset": res.OutputEnd})
 	if took := time.Since(begin); took > maxBlock+3*time.Second || res.Done || res.Next == nil || res.Next.Arguments["id"] != id {
 		t.Errorf("long wait took %s: %+v", took, res)
 	}
@@ -202,7 +204,7 @@ func driveMCP(t *testing.T, m *mcpClient, maxBlock time.Duration, extra ...strin
 	for i := 0; i+1 < len(extra); i += 2 {
 		failing[extra[i]] = extra[i+1]
 	}
-	_, res = call[mcpJobResult](t, cs, "run", failing)
+	_, res = call[sbxmcp.JobResult](t, cs, "run", failing)
 	n := nextPush(t, m.logs, res.Job.ID)
 	if n.Status != "error" || !strings.Contains(n.Text, "task_id: "+res.Job.ID) {
 		t.Errorf("pushed: %+v", n)
@@ -236,7 +238,7 @@ type channelSpyConn struct {
 func (c *channelSpyConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	for {
 		msg, err := c.Connection.Read(ctx)
-		if r, ok := msg.(*jsonrpc.Request); ok && err == nil && r.Method == claudeChannelMethod {
+		if r, ok := msg.(*jsonrpc.Request); ok && err == nil && r.Method == "notifications/claude/channel" {
 			select {
 			case c.events <- r:
 			default:

@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	sbxmcp "github.com/sbx-dev/sbx/coordinator/mcp"
 )
 
 // mcpLegacy is the protocol version Claude Code and Cursor speak: a session opened by initialize,
@@ -55,13 +56,13 @@ func newMCPClient(caps *mcp.ClientCapabilities) (*mcp.Client, *mcpClient) {
 }
 
 // connectMCP serves the MCP tools over in-memory transports to a new client, with c as backend.
-func connectMCP(t *testing.T, c *client.Client, cfg mcpConfig) *mcpClient {
+func connectMCP(t *testing.T, c *client.Client, cfg sbxmcp.Config) *mcpClient {
 	t.Helper()
 	ctx := t.Context()
-	h := newMCPHost(context.Background(), cfg)
-	t.Cleanup(h.close)
+	h := sbxmcp.NewHost(context.Background(), cfg)
+	t.Cleanup(h.Close)
 	serverT, clientT := mcp.NewInMemoryTransports()
-	ss, err := h.server(c, nil).Connect(ctx, serverT, nil)
+	ss, err := h.Server(c).Connect(ctx, serverT, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,29 +140,29 @@ func TestMCP(t *testing.T) {
 	cwd := jobDir(t)
 
 	t.Run("tools", func(t *testing.T) {
-		m := connectMCP(t, backend("tools"), mcpConfig{Cwd: cwd})
+		m := connectMCP(t, backend("tools"), sbxmcp.Config{Cwd: cwd})
 		testMCPTools(t, m.ClientSession)
 	})
 	t.Run("limits", func(t *testing.T) {
-		m := connectMCP(t, backend("limits"), mcpConfig{Cwd: cwd})
+		m := connectMCP(t, backend("limits"), sbxmcp.Config{Cwd: cwd})
 		// Any subset of the limits is accepted: here, only a timeout.
-		_, res := call[mcpJobResult](t, m.ClientSession, "run", map[string]any{
+		_, res := call[sbxmcp.JobResult](t, m.ClientSession, "run", map[string]any{
 			"command": "true", "limits": map[string]any{"timeout_ms": 60000}, "block_until_ms": 20000,
 		})
 		if !res.Done || res.Job.Status != client.StatusSucceeded || res.Job.Limits.TimeoutMS != 60000 || res.Job.Limits.Pids != 0 {
 			t.Fatalf("run with limits {timeout_ms}: %+v", res.Job)
 		}
 		// A job that cannot start says why.
-		text, res := call[mcpJobResult](t, m.ClientSession, "run", map[string]any{"command": "true", "pool": "nowhere"})
+		text, res := call[sbxmcp.JobResult](t, m.ClientSession, "run", map[string]any{"command": "true", "pool": "nowhere"})
 		if res.Job.Status != client.StatusQueued || !strings.Contains(text, ": queued (No runner of pool nowhere") {
 			t.Errorf("queued job: %s", text)
 		}
 		call[any](t, m.ClientSession, "kill", map[string]any{"id": res.Job.ID})
 	})
 	t.Run("input", func(t *testing.T) {
-		m := connectMCP(t, backend("input"), mcpConfig{Cwd: cwd})
+		m := connectMCP(t, backend("input"), sbxmcp.Config{Cwd: cwd})
 		cs := m.ClientSession
-		_, res := call[mcpJobResult](t, cs, "run", map[string]any{"command": `read -r a; echo "got $a from $0"`, "stdin": true, "shell": "sh"})
+		_, res := call[sbxmcp.JobResult](t, cs, "run", map[string]any{"command": `read -r a; echo "got $a from $0"`, "stdin": true, "shell": "sh"})
 		if res.Job.Shell != "sh" || !res.Job.Stdin {
 			t.Fatalf("run with stdin and shell: %+v", res.Job)
 		}
@@ -169,7 +170,7 @@ func TestMCP(t *testing.T) {
 		if !strings.Contains(text, "Wrote 4 bytes") {
 			t.Errorf("send: %s", text)
 		}
-		if _, res = call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !res.Done || res.Output != "got yes from sh\n" {
+		if _, res = call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !res.Done || res.Output != "got yes from sh\n" {
 			t.Errorf("after send: %+v", res)
 		}
 		if _, _, err := callTool[any](t.Context(), cs, "send", map[string]any{"id": res.Job.ID, "text": "more\n"}, nil); err == nil || !strings.Contains(err.Error(), "conflict") {
@@ -177,36 +178,36 @@ func TestMCP(t *testing.T) {
 		}
 	})
 	t.Run("tty and port", func(t *testing.T) {
-		m := connectMCP(t, backend("tty"), mcpConfig{Cwd: cwd})
+		m := connectMCP(t, backend("tty"), sbxmcp.Config{Cwd: cwd})
 		cs := m.ClientSession
-		_, res := call[mcpJobResult](t, cs, "run", map[string]any{"command": `read -p 'Continue? (y/n) ' x; echo got=$x`, "tty": true})
+		_, res := call[sbxmcp.JobResult](t, cs, "run", map[string]any{"command": `read -p 'Continue? (y/n) ' x; echo got=$x`, "tty": true})
 		if !res.Job.TTY {
 			t.Fatalf("run with tty: %+v", res.Job)
 		}
-		if _, w := call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "pattern": `\(y/n\) $`, "timeout_ms": 20000}); !w.PatternMatched {
+		if _, w := call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "pattern": `\(y/n\) $`, "timeout_ms": 20000}); !w.PatternMatched {
 			t.Fatalf("the prompt: %+v", w)
 		}
 		call[any](t, cs, "send", map[string]any{"id": res.Job.ID, "text": "y\n"})
-		if _, w := call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !w.Done || !strings.Contains(w.Output, "got=y\r\n") {
+		if _, w := call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !w.Done || !strings.Contains(w.Output, "got=y\r\n") {
 			t.Fatalf("after send: %+v", w)
 		}
-		_, res = call[mcpJobResult](t, cs, "run", map[string]any{"command": "exec python3 -m http.server 0 --bind 127.0.0.1"})
-		text, w := call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "port": "any", "timeout_ms": 30000})
+		_, res = call[sbxmcp.JobResult](t, cs, "run", map[string]any{"command": "exec python3 -m http.server 0 --bind 127.0.0.1"})
+		text, w := call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "port": "any", "timeout_ms": 30000})
 		if w.Port == nil || w.Port.Address != "127.0.0.1" || w.Done || !strings.Contains(text, "The job listens on 127.0.0.1:") {
 			t.Fatalf("wait for a port: %s", text)
 		}
 		call[any](t, cs, "kill", map[string]any{"id": res.Job.ID})
 	})
 	t.Run("inline output", func(t *testing.T) {
-		m := connectMCP(t, backend("inline"), mcpConfig{Cwd: cwd})
+		m := connectMCP(t, backend("inline"), sbxmcp.Config{Cwd: cwd})
 		testMCPInlineOutput(t, m.ClientSession)
 	})
 	t.Run("continuation", func(t *testing.T) {
-		m := connectMCP(t, backend("continuation"), mcpConfig{Cwd: cwd, MaxBlock: time.Second, ProgressEvery: 100 * time.Millisecond})
+		m := connectMCP(t, backend("continuation"), sbxmcp.Config{Cwd: cwd, MaxBlock: time.Second, ProgressEvery: 100 * time.Millisecond})
 		testMCPContinuation(t, m)
 	})
 	t.Run("push", func(t *testing.T) {
-		testMCPPush(t, func() *mcpClient { return connectMCP(t, backend("push"), mcpConfig{Cwd: cwd}) })
+		testMCPPush(t, func() *mcpClient { return connectMCP(t, backend("push"), sbxmcp.Config{Cwd: cwd}) })
 	})
 	t.Run("stdio", func(t *testing.T) {
 		testMCPStdio(t, s.addr, "mcp-test-token-mcp-test-token", cwd)
@@ -309,7 +310,7 @@ func testMCPTools(t *testing.T, cs *mcp.ClientSession) {
 // boundary, and says where the rest is.
 func testMCPInlineOutput(t *testing.T, cs *mcp.ClientSession) {
 	// 60000 lines of "é NNNNN\n": 540000 bytes, 2-byte characters throughout.
-	text, res := call[mcpJobResult](t, cs, "run", map[string]any{
+	text, res := call[sbxmcp.JobResult](t, cs, "run", map[string]any{
 		"command": `i=0; while [ $i -lt 60000 ]; do printf 'é %05d\n' $i; i=$((i+1)); done`, "block_until_ms": 60000,
 	})
 	if !res.Done || res.Job.OutputBytes != 540000 {
@@ -326,7 +327,7 @@ func testMCPInlineOutput(t *testing.T, cs *mcp.ClientSession) {
 		res.OutputOffset != res.OutputEnd-int64(len(res.Output)) {
 		t.Errorf("inline output [%d, %d) of %q...%q", res.OutputOffset, res.OutputEnd, res.Output[:20], res.Output[len(res.Output)-20:])
 	}
-	if len(text) > mcpInlineOutput+2048 {
+	if len(text) > sbxmcp.InlineOutput+2048 {
 		t.Errorf("result text of %d bytes", len(text))
 	}
 	for _, want := range []string{`"offset":0`, res.Job.OutputPath, "of 540000"} {
@@ -335,14 +336,14 @@ func testMCPInlineOutput(t *testing.T, cs *mcp.ClientSession) {
 		}
 	}
 	// The rest, paged with output.
-	text, page := call[mcpOutputResult](t, cs, "output", map[string]any{"id": res.Job.ID})
-	if page.Offset != 0 || page.End != mcpInlineOutput || page.Total != 540000 || !strings.HasPrefix(page.Output, "é 00000\né 00001\n") {
+	text, page := call[sbxmcp.OutputResult](t, cs, "output", map[string]any{"id": res.Job.ID})
+	if page.Offset != 0 || page.End != sbxmcp.InlineOutput || page.Total != 540000 || !strings.HasPrefix(page.Output, "é 00000\né 00001\n") {
 		t.Errorf("output page: [%d, %d) of %d", page.Offset, page.End, page.Total)
 	}
 	if !strings.HasSuffix(text, `more: call output with {"id":"`+res.Job.ID+`","offset":30720}]`) {
 		t.Errorf("output page text ends %q", text[len(text)-80:])
 	}
-	_, page = call[mcpOutputResult](t, cs, "output", map[string]any{"id": res.Job.ID, "offset": 539991, "limit": 1 << 30})
+	_, page = call[sbxmcp.OutputResult](t, cs, "output", map[string]any{"id": res.Job.ID, "offset": 539991, "limit": 1 << 30})
 	if page.Output != "é 59999\n" || page.End != 540000 {
 		t.Errorf("last page: %+v", page)
 	}
@@ -354,7 +355,7 @@ func testMCPContinuation(t *testing.T, m *mcpClient) {
 	cs := m.ClientSession
 	ctx := t.Context()
 	begin := time.Now()
-	text, res, err := callTool[mcpJobResult](ctx, cs, "run", map[string]any{"command": "echo started; sleep 60", "block_until_ms": 20000}, "p1")
+	text, res, err := callTool[sbxmcp.JobResult](ctx, cs, "run", map[string]any{"command": "echo started; sleep 60", "block_until_ms": 20000}, "p1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,7 +376,7 @@ func testMCPContinuation(t *testing.T, m *mcpClient) {
 
 	// The continuation goes on: no output since the offset, and another continuation.
 	begin = time.Now()
-	text, res = call[mcpJobResult](t, cs, "wait", args)
+	text, res = call[sbxmcp.JobResult](t, cs, "wait", args)
 	if time.Since(begin) > 5*time.Second || res.Done || res.Next == nil || res.Next.Arguments["timeout_ms"].(float64) >= args["timeout_ms"].(float64) {
 		t.Fatalf("wait: %+v", res)
 	}
@@ -383,18 +384,18 @@ func testMCPContinuation(t *testing.T, m *mcpClient) {
 		t.Errorf("wait from the offset shows %q:\n%s", res.Output, text)
 	}
 	// A wait that asked for less than the bound returns without a continuation.
-	_, res = call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 10})
+	_, res = call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 10})
 	if res.Next != nil || res.Done {
 		t.Errorf("short wait: %+v", res)
 	}
 	call[any](t, cs, "kill", map[string]any{"id": res.Job.ID})
-	if _, res = call[mcpJobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !res.Done || res.Job.Reason != "killed" {
+	if _, res = call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"id": res.Job.ID, "timeout_ms": 20000}); !res.Done || res.Job.Reason != "killed" {
 		t.Errorf("wait after kill: %+v", res.Job)
 	}
 
 	// A wait without a job sleeps, bounded the same way.
 	begin = time.Now()
-	text, res = call[mcpJobResult](t, cs, "wait", map[string]any{"timeout_ms": 3000})
+	text, res = call[sbxmcp.JobResult](t, cs, "wait", map[string]any{"timeout_ms": 3000})
 	if took := time.Since(begin); took > 2500*time.Millisecond || res.SleptMS < 900 || res.Job != nil || res.Next == nil || res.Next.Arguments["timeout_ms"].(float64) > 2100 {
 		t.Errorf("sleep of 3s took %s: %+v\n%s", took, res, text)
 	}
@@ -415,7 +416,7 @@ func testMCPPush(t *testing.T, connect func() *mcpClient) {
 	if err := a.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
 		t.Fatal(err)
 	}
-	_, res := call[mcpJobResult](t, a.ClientSession, "run", map[string]any{"command": "sleep 0.2; exit 3", "title": "pushed"})
+	_, res := call[sbxmcp.JobResult](t, a.ClientSession, "run", map[string]any{"command": "sleep 0.2; exit 3", "title": "pushed"})
 	n := nextPush(t, a.logs, res.Job.ID)
 	if !strings.Contains(n.Text, "<system_notification>") || !strings.Contains(n.Text, "task_id: "+res.Job.ID) || n.Status != "error" {
 		t.Errorf("pushed notification: %+v", n)

@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/coordinator/natsauth"
 )
 
 // startRunner runs `sbx runner` in-process with args until the test ends.

@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbx-dev/sbx/coordinator/client"
 	"github.com/sbx-dev/sbx/sandbox/sandboxtest"
-	"golang.org/x/sys/unix"
 )
 
 // TestReadonlyThroughAPI: a readonly job reads but cannot write, through the whole system.

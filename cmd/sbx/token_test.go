@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	sbxmcp "github.com/sbx-dev/sbx/coordinator/mcp"
 )
 
 // TestScopedTokenEndToEnd: `sbx token create --sessions PREFIX` makes a token that a real sbx serve
@@ -75,7 +76,7 @@ func TestScopedTokenEndToEnd(t *testing.T) {
 	if _, _, err := callTool[any](ctx, cs, "end_session", map[string]any{"session": "other"}, nil); err == nil || !strings.Contains(err.Error(), "agent1-") {
 		t.Errorf("MCP end_session of another session: %v", err)
 	}
-	_, res := call[mcpJobResult](t, cs, "run", map[string]any{"command": "true", "cwd": cwd, "block_until_ms": 20000})
+	_, res := call[sbxmcp.JobResult](t, cs, "run", map[string]any{"command": "true", "cwd": cwd, "block_until_ms": 20000})
 	if res.Job.Session != "agent1-" || !res.Done {
 		t.Errorf("MCP run with a scoped token: session %q, done %v", res.Job.Session, res.Done)
 	}

@@ -89,6 +89,9 @@ func WaitPortPath(id string, timeout time.Duration, pattern, port string) string
 	return api.JobWaitPath(id, timeout, pattern, port)
 }
 
+// MaxWait is the longest single wait the API accepts; longer waits are made of several.
+const MaxWait = 7140 * time.Second
+
 // Wait returns when the job ends, when pattern (RE2; ^ and $ match at lines) matches its output,
 // or after timeout (GET /v1/jobs/{id}/wait). A timeout of 0 answers at once; a negative one means
 // the server's default, 30 s. ctx must outlast the timeout.

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"context"
 	"net/http"
-	"slices"
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/api"
@@ -30,7 +29,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		if !authed {
 			w.Header().Set("Connection", "close")
 		}
-		own := openPaths[r.URL.Path] || slices.Contains(s.cfg.OwnCredential, r.URL.Path)
+		own := openPaths[r.URL.Path] || (s.cfg.Enroll != nil && r.URL.Path == EnrollPath)
 		if !own && !authed {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)
 			s.writeError(w, r, coordinator.Errorf(coordinator.EUNAUTHORIZED,

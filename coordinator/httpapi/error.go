@@ -20,6 +20,8 @@ const (
 	codeUnsupportedMediaType = "unsupported_media_type"
 	// codeRequestTimeout: a body that did not arrive within the body timeout.
 	codeRequestTimeout = "request_timeout"
+	// codeRateLimited: an address refused too often lately (POST /v1/enroll).
+	codeRateLimited = "rate_limited"
 )
 
 // statuses maps the domain's error codes to HTTP statuses. It is the only such mapping.
@@ -31,6 +33,7 @@ var statuses = map[string]int{
 	codeForbidden:                    http.StatusForbidden,
 	codeUnsupportedMediaType:         http.StatusUnsupportedMediaType,
 	codeRequestTimeout:               http.StatusRequestTimeout,
+	codeRateLimited:                  http.StatusTooManyRequests,
 	coordinator.ECONFLICT:            http.StatusConflict,
 	coordinator.EIDEMPOTENCY:         http.StatusConflict,
 	coordinator.ETOOLARGE:            http.StatusRequestEntityTooLarge,
@@ -53,6 +56,11 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	default:
 		s.log.Error("http request", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
+	writeCode(w, code, msg)
+}
+
+// writeCode writes the API's error of code with msg, with code's status.
+func writeCode(w http.ResponseWriter, code, msg string) {
 	status, ok := statuses[code]
 	if !ok {
 		status = http.StatusInternalServerError

@@ -209,13 +209,14 @@ func TestOpenAPIServed(t *testing.T) {
 }
 
 // TestOpenAPIRoutes: every route of the server is in the document, and the document has no path
-// the server lacks (/v1/enroll is mounted by sbx serve and sbx coordinator, see cmd/sbx).
+// the server lacks (/v1/enroll is served only with Config.Enroll).
 func TestOpenAPIRoutes(t *testing.T) {
 	doc, _ := loadContract(t)
 	h := newHarness(t, httpapi.Config{})
 	for path, item := range doc.Paths.Map() {
 		for method := range item.Operations() {
-			// /v1/enroll is mounted by cmd/sbx; the stream never ends by itself (TestStream reads it).
+			// /v1/enroll is served only with Config.Enroll; the stream never ends by itself (TestStream
+			// reads it).
 			if path == "/v1/enroll" || path == "/v1/notifications/stream" {
 				continue
 			}

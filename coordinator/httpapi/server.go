@@ -59,9 +59,9 @@ type Config struct {
 	// Handlers are more routes, as http.ServeMux patterns ("/mcp", "POST /hook/{id}"), served behind
 	// the same checks as /v1: Host and Origin, the token, the body's bounds and its Content-Type.
 	Handlers map[string]http.Handler
-	// OwnCredential lists paths of Handlers that check a credential of their own instead of the
-	// token (POST /v1/enroll takes the enroll key): every other check still holds for them.
-	OwnCredential []string
+	// Enroll, when set, serves POST /v1/enroll, which checks the enroll key instead of the token:
+	// every other check still holds for it.
+	Enroll *Enroller
 	// Logger receives internal errors, which the API hides from clients (default: discard).
 	Logger *slog.Logger
 	// Ready reports the readiness of what the service depends on (store open, NATS connected);
@@ -246,6 +246,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET "+api.RouteHealthz, s.handleHealthz)
 	mux.HandleFunc("GET "+api.RouteReadyz, s.handleReadyz)
 	mux.HandleFunc("GET "+api.RouteMetrics, s.handleMetrics)
+	if s.cfg.Enroll != nil {
+		mux.Handle("POST "+EnrollPath, s.cfg.Enroll)
+	}
 	for pattern, h := range s.cfg.Handlers {
 		mux.Handle(pattern, h)
 	}

@@ -1,4 +1,4 @@
-package main
+package mcp
 
 import (
 	"context"
@@ -9,16 +9,16 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
 )
 
 const (
-	// claudeChannel is the experimental capability of Claude Code's channels: a server that declares
+	// ClaudeChannel is the experimental capability of Claude Code's channels: a server that declares
 	// it may send claudeChannelMethod, whose content Claude Code puts in the model's context as a
 	// <channel source="NAME" ...> event.
-	claudeChannel       = "claude/channel"
+	ClaudeChannel       = "claude/channel"
 	claudeChannelMethod = "notifications/claude/channel"
 	// pushPoll is how long one long-poll of a pusher waits for a notification.
 	pushPoll = time.Minute
@@ -28,13 +28,13 @@ const (
 
 // startPusher pushes the notifications of c's session to ss as they are stored, until ss closes or
 // h closes (which closes ss). It starts at the session's acked cursor and never acks: see push.
-// It runs for sessions opened by initialize, the only ones the server offers (mcpSessionVersions):
+// It runs for sessions opened by initialize, the only ones the server offers (sessionVersions):
 // a client asking for a later protocol falls back to initialize.
 //
 // It reads the first notification only once the client can receive one: when it declared Claude
 // Code's channel, or once it set a log level (the SDK drops log messages until then, and a
 // notification pending when the connection opened would be lost to it).
-func (h *mcpHost) startPusher(ss *mcp.ServerSession, c *client.Client, raw *rawTransport) {
+func (h *Host) startPusher(ss *sdk.ServerSession, c *client.Client, raw *rawTransport) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.pushers[ss] != nil {
@@ -57,7 +57,7 @@ func (h *mcpHost) startPusher(ss *mcp.ServerSession, c *client.Client, raw *rawT
 			delete(h.pushers, ss)
 			h.mu.Unlock()
 		}()
-		if raw == nil || !declares(ss, claudeChannel) {
+		if raw == nil || !declares(ss, ClaudeChannel) {
 			select {
 			case <-levelSet:
 			case <-ctx.Done():
@@ -69,10 +69,10 @@ func (h *mcpHost) startPusher(ss *mcp.ServerSession, c *client.Client, raw *rawT
 }
 
 // watchLogLevel is a middleware that tells a session's pusher when its client set a log level.
-func (h *mcpHost) watchLogLevel(next mcp.MethodHandler) mcp.MethodHandler {
-	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+func (h *Host) watchLogLevel(next sdk.MethodHandler) sdk.MethodHandler {
+	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
 		res, err := next(ctx, method, req)
-		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && err == nil && method == "logging/setLevel" {
+		if ss, ok := req.GetSession().(*sdk.ServerSession); ok && err == nil && method == "logging/setLevel" {
 			h.mu.Lock()
 			if levelSet := h.pushers[ss]; levelSet != nil {
 				select {
@@ -93,7 +93,7 @@ func (h *mcpHost) watchLogLevel(next mcp.MethodHandler) mcp.MethodHandler {
 // it to its model (Claude Code shows log messages to no one but its debug log, and drops channel
 // events unless channels were enabled at launch), so the acked cursor moves only when the agent
 // acks what it acted on. A session's notification is pushed at most once on one connection.
-func (h *mcpHost) push(ctx context.Context, ss *mcp.ServerSession, c *client.Client, raw *rawTransport) {
+func (h *Host) push(ctx context.Context, ss *sdk.ServerSession, c *client.Client, raw *rawTransport) {
 	var after *uint64 // nil: the session's acked cursor
 	for ctx.Err() == nil {
 		page, err := c.QueryNotifications(ctx, client.NotificationsQuery{After: after, Wait: pushPoll, Format: h.cfg.Format})
@@ -117,7 +117,7 @@ func (h *mcpHost) push(ctx context.Context, ss *mcp.ServerSession, c *client.Cli
 }
 
 // logLevel is the log level of a notification with status.
-func logLevel(status string) mcp.LoggingLevel {
+func logLevel(status string) sdk.LoggingLevel {
 	switch status {
 	case "success":
 		return "info"
@@ -129,12 +129,12 @@ func logLevel(status string) mcp.LoggingLevel {
 	return "notice"
 }
 
-func sendNotification(ctx context.Context, ss *mcp.ServerSession, raw *rawTransport, n *client.Notification) error {
+func sendNotification(ctx context.Context, ss *sdk.ServerSession, raw *rawTransport, n *client.Notification) error {
 	// The data is the API's notification object, text included.
-	if err := ss.Log(ctx, &mcp.LoggingMessageParams{Level: logLevel(n.Status), Logger: "sbx", Data: n}); err != nil {
+	if err := ss.Log(ctx, &sdk.LoggingMessageParams{Level: logLevel(n.Status), Logger: "sbx", Data: n}); err != nil {
 		return err
 	}
-	if raw == nil || !declares(ss, claudeChannel) {
+	if raw == nil || !declares(ss, ClaudeChannel) {
 		return nil
 	}
 	return raw.notify(ctx, claudeChannelMethod, map[string]any{
@@ -145,7 +145,7 @@ func sendNotification(ctx context.Context, ss *mcp.ServerSession, raw *rawTransp
 }
 
 // declares reports whether the client declared an experimental capability.
-func declares(ss *mcp.ServerSession, capability string) bool {
+func declares(ss *sdk.ServerSession, capability string) bool {
 	p := ss.InitializeParams()
 	if p == nil || p.Capabilities == nil {
 		return false
@@ -166,12 +166,12 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // rawTransport is a transport whose connection can also carry notifications the SDK has no method
 // for. The SDK's connections allow concurrent writes.
 type rawTransport struct {
-	mcp.Transport
+	sdk.Transport
 	mu   sync.Mutex
-	conn mcp.Connection
+	conn sdk.Connection
 }
 
-func (t *rawTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+func (t *rawTransport) Connect(ctx context.Context) (sdk.Connection, error) {
 	conn, err := t.Transport.Connect(ctx)
 	if err == nil {
 		t.mu.Lock()

@@ -1,4 +1,4 @@
-package main
+package mcp
 
 import (
 	"bytes"
@@ -11,73 +11,74 @@ import (
 	"sync"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
-	"github.com/sbx-dev/sbx/coordinator/httpapi"
 )
 
-// Default bounds of the HTTP MCP sessions (mcpSessionLimits). A session costs tens of KiB (its
+// Default bounds of the HTTP MCP sessions (SessionLimits). A session costs tens of KiB (its
 // server, tools, transport and pusher): 10,000 initialize calls once held 550 MB for an hour.
 const (
-	mcpDefaultMaxSessions         = 1024
-	mcpDefaultMaxSessionsPerToken = 256
-	// mcpDefaultSessionIdle closes a session that sent no request for this long, and its pusher.
+	DefaultMaxSessions         = 1024
+	DefaultMaxSessionsPerToken = 256
+	// DefaultSessionIdle closes a session that sent no request for this long, and its pusher.
 	// A client whose session was closed gets a 404 and opens a new one, as the MCP spec asks.
-	mcpDefaultSessionIdle = 30 * time.Minute
+	DefaultSessionIdle = 30 * time.Minute
 )
 
-// mcpSessionLimits bound the MCP sessions open over HTTP: all of them, those opened with one
+// SessionLimits bound the MCP sessions open over HTTP: all of them, those opened with one
 // token, and how long one may stay idle. Zero fields take the defaults.
-type mcpSessionLimits struct {
+type SessionLimits struct {
 	Max, PerToken int
 	Idle          time.Duration
 }
 
-func (l mcpSessionLimits) withDefaults() mcpSessionLimits {
+func (l SessionLimits) withDefaults() SessionLimits {
 	if l.Max <= 0 {
-		l.Max = mcpDefaultMaxSessions
+		l.Max = DefaultMaxSessions
 	}
 	if l.PerToken <= 0 {
-		l.PerToken = mcpDefaultMaxSessionsPerToken
+		l.PerToken = DefaultMaxSessionsPerToken
 	}
 	if l.Idle <= 0 {
-		l.Idle = mcpDefaultSessionIdle
+		l.Idle = DefaultSessionIdle
 	}
 	return l
 }
 
-// mcpHTTP serves the MCP tools over streamable HTTP, mounted at the coordinator's /mcp behind the
+// HTTP serves the MCP tools over streamable HTTP, mounted at the coordinator's /mcp behind the
 // API's authentication. Each MCP session's tools call the API in-process: a client.Client whose
 // transport hands each request to the API's own handler with the caller's token and session, so
 // that a call through /mcp passes the same authentication, bounds and validation as one through
 // /v1, with no socket and no TLS between the two.
-type mcpHTTP struct {
-	host *mcpHost
-	mcp  *mcp.StreamableHTTPHandler
+type HTTP struct {
+	host *Host
+	mcp  *sdk.StreamableHTTPHandler
 	// API is the API's handler (httpapi.Server.Handler). It is set after the httpapi server is
 	// made, since that server mounts this handler, and before it serves.
 	API    http.Handler
-	limits mcpSessionLimits
+	limits SessionLimits
 
 	mu       sync.Mutex
 	sessions int            // open, or being opened
 	perToken map[string]int // sessions by the token that opened them
 }
 
-func newMCPHTTP(ctx context.Context, cfg mcpConfig, limits mcpSessionLimits) *mcpHTTP {
-	m := &mcpHTTP{host: newMCPHost(ctx, cfg), limits: limits.withDefaults(), perToken: map[string]int{}}
-	m.mcp = mcp.NewStreamableHTTPHandler(m.sessionServer, &mcp.StreamableHTTPOptions{
+// NewHTTP returns the handler of /mcp. maxBody bounds a request's body as the API bounds its own
+// (httpapi.MaxBodyBytes): the API's checks have bounded it already, and the SDK reads it again.
+func NewHTTP(ctx context.Context, cfg Config, limits SessionLimits, maxBody int64) *HTTP {
+	m := &HTTP{host: NewHost(ctx, cfg), limits: limits.withDefaults(), perToken: map[string]int{}}
+	m.mcp = sdk.NewStreamableHTTPHandler(m.sessionServer, &sdk.StreamableHTTPOptions{
 		SessionTimeout:      m.limits.Idle,
-		MaxRequestBodyBytes: httpapi.MaxBodyBytes,
+		MaxRequestBodyBytes: maxBody,
 		// The API's Host and Origin checks guard /mcp as they guard /v1: one place decides.
 		DisableLocalhostProtection: true,
 	})
 	return m
 }
 
-// close ends the sessions' pushers and waits for them.
-func (m *mcpHTTP) close() { m.host.close() }
+// Close ends the sessions' pushers and waits for them.
+func (m *HTTP) Close() { m.host.Close() }
 
 // bearer is the request's bearer token, "" without one.
 func bearer(r *http.Request) string {
@@ -89,7 +90,7 @@ func bearer(r *http.Request) string {
 
 // server returns the MCP server of a new session: its client carries the token and the session
 // (header Sbx-Session, else the API's default) of the request that opened it.
-func (m *mcpHTTP) server(r *http.Request) *mcp.Server {
+func (m *HTTP) server(r *http.Request) *sdk.Server {
 	c := client.New("http://"+r.Host, bearer(r))
 	c.HTTPClient = &http.Client{Transport: &handlerTransport{handler: m.API, remoteAddr: r.RemoteAddr}}
 	c.Session = r.Header.Get("Sbx-Session")
@@ -103,8 +104,8 @@ type newSessionServer struct{}
 // sessionServer is the SDK's getServer: the server ServeHTTP made for a request that opens a
 // session, nil for any other request (the SDK then checks the protocol version against its own
 // list, which the servers do not narrow).
-func (m *mcpHTTP) sessionServer(r *http.Request) *mcp.Server {
-	s, _ := r.Context().Value(newSessionServer{}).(*mcp.Server)
+func (m *HTTP) sessionServer(r *http.Request) *sdk.Server {
+	s, _ := r.Context().Value(newSessionServer{}).(*sdk.Server)
 	return s
 }
 
@@ -112,9 +113,9 @@ func (m *mcpHTTP) sessionServer(r *http.Request) *mcp.Server {
 // which have read and bounded a POST's body already (size, time, JSON).
 //
 // A POST without Mcp-Session-Id opens a session: it is refused (503) past the bounds of
-// mcpSessionLimits, and the session counts against them until it closes (the client's DELETE,
+// SessionLimits, and the session counts against them until it closes (the client's DELETE,
 // the idle timeout, the coordinator stopping).
-func (m *mcpHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (m *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || r.Header.Get("Mcp-Session-Id") != "" {
 		m.mcp.ServeHTTP(w, r)
 		return
@@ -128,7 +129,7 @@ func (m *mcpHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	srv := m.server(r)
 	m.mcp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), newSessionServer{}, srv)))
-	var ss *mcp.ServerSession
+	var ss *sdk.ServerSession
 	for s := range srv.Sessions() {
 		ss = s
 	}
@@ -145,7 +146,7 @@ func (m *mcpHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // take counts a session opened with token, or says why it may not open.
-func (m *mcpHTTP) take(token string) string {
+func (m *HTTP) take(token string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
@@ -159,7 +160,7 @@ func (m *mcpHTTP) take(token string) string {
 	return ""
 }
 
-func (m *mcpHTTP) release(token string) {
+func (m *HTTP) release(token string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sessions--
@@ -169,7 +170,7 @@ func (m *mcpHTTP) release(token string) {
 }
 
 // open returns the number of sessions open.
-func (m *mcpHTTP) open() int {
+func (m *HTTP) open() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.sessions

@@ -1,4 +1,4 @@
-package main
+package mcp
 
 import (
 	"context"
@@ -10,11 +10,15 @@ import (
 	"time"
 )
 
+// legacyProtocol is the protocol version Claude Code and Cursor speak: a session opened by
+// initialize.
+const legacyProtocol = "2025-11-25"
+
 // initializeMCP opens an MCP session at url with token, as a client's first POST does, and returns
 // the reply's status and the session's id.
 func initializeMCP(t *testing.T, url, token string) (int, string) {
 	t.Helper()
-	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"` + mcpLegacy + `","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"` + legacyProtocol + `","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
 	req, _ := http.NewRequestWithContext(t.Context(), "POST", url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
@@ -29,7 +33,7 @@ func initializeMCP(t *testing.T, url, token string) (int, string) {
 }
 
 // waitOpen polls until m has want sessions open.
-func waitOpen(t *testing.T, m *mcpHTTP, want int) {
+func waitOpen(t *testing.T, m *HTTP, want int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for m.open() != want {
@@ -43,9 +47,9 @@ func waitOpen(t *testing.T, m *mcpHTTP, want int) {
 // TestMCPSessionsBounded: /mcp opens at most so many sessions, in all and per token, and a closed
 // or idle session gives its place back. 10,000 initialize calls once held 550 MB for an hour.
 func TestMCPSessionsBounded(t *testing.T) {
-	open := func(t *testing.T, limits mcpSessionLimits) (*mcpHTTP, string) {
-		m := newMCPHTTP(context.Background(), mcpConfig{}, limits)
-		t.Cleanup(m.close)
+	open := func(t *testing.T, limits SessionLimits) (*HTTP, string) {
+		m := NewHTTP(context.Background(), Config{}, limits, 1<<20)
+		t.Cleanup(m.Close)
 		srv := httptest.NewServer(m) // initialize calls nothing of the API
 		t.Cleanup(srv.Close)
 		return m, srv.URL
@@ -64,7 +68,7 @@ func TestMCPSessionsBounded(t *testing.T) {
 	}
 
 	t.Run("caps", func(t *testing.T) {
-		m, url := open(t, mcpSessionLimits{Max: 20, PerToken: 10, Idle: time.Hour})
+		m, url := open(t, SessionLimits{Max: 20, PerToken: 10, Idle: time.Hour})
 		a := count(t, url, "a", 50)
 		if len(a) != 10 {
 			t.Fatalf("%d of 50 sessions opened with one token, want 10", len(a))
@@ -94,7 +98,7 @@ func TestMCPSessionsBounded(t *testing.T) {
 	})
 
 	t.Run("idle", func(t *testing.T) {
-		m, url := open(t, mcpSessionLimits{Max: 20, PerToken: 10, Idle: 200 * time.Millisecond})
+		m, url := open(t, SessionLimits{Max: 20, PerToken: 10, Idle: 200 * time.Millisecond})
 		if a := count(t, url, "a", 10); len(a) != 10 {
 			t.Fatalf("%d sessions opened, want 10", len(a))
 		}

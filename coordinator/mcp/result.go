@@ -1,4 +1,4 @@
-package main
+package mcp
 
 import (
 	"bytes"
@@ -9,18 +9,18 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
 )
 
 // jobResult returns j with its output from byte from to the end it has now, cut to the last
-// mcpInlineOutput bytes, from the first line that starts in them (as the API's start reply cuts).
-func (t *mcpTools) jobResult(ctx context.Context, j *client.Job, from int64) (*mcpJobResult, error) {
-	res := &mcpJobResult{Job: j, Done: j.Ended()}
+// InlineOutput bytes, from the first line that starts in them (as the API's start reply cuts).
+func (t *tools) jobResult(ctx context.Context, j *client.Job, from int64) (*JobResult, error) {
+	res := &JobResult{Job: j, Done: j.Ended()}
 	end := j.OutputBytes
 	from = min(from, end)
-	start := max(from, end-mcpInlineOutput)
+	start := max(from, end-InlineOutput)
 	res.OutputOffset, res.OutputEnd = start, start
 	if end == start {
 		return res, nil
@@ -46,7 +46,7 @@ func (t *mcpTools) jobResult(ctx context.Context, j *client.Job, from int64) (*m
 
 // text renders a job result for a model: a line on the job, the output between offsets, and the
 // note that says what to do next.
-func (r *mcpJobResult) text(note string) string {
+func (r *JobResult) text(note string) string {
 	var b strings.Builder
 	j := r.Job
 	fmt.Fprintf(&b, "job %s %q: %s", j.ID, j.Title, j.Status)
@@ -79,7 +79,7 @@ func (r *mcpJobResult) text(note string) string {
 	default:
 		fmt.Fprintf(&b, "output bytes %d-%d of %d", r.OutputOffset, r.OutputEnd, j.OutputBytes)
 		if r.OutputOffset > 0 {
-			fmt.Fprintf(&b, " (the last %d KiB at most; earlier bytes: call output with {\"id\":%q,\"offset\":0}", mcpInlineOutput>>10, j.ID)
+			fmt.Fprintf(&b, " (the last %d KiB at most; earlier bytes: call output with {\"id\":%q,\"offset\":0}", InlineOutput>>10, j.ID)
 			if j.OutputPath != "" {
 				fmt.Fprintf(&b, ", or read %s on the coordinator's machine", j.OutputPath)
 			}
@@ -113,7 +113,7 @@ func jsonText(v any) string {
 // progress sends a progress notification every t.cfg.ProgressEvery until the returned stop is
 // called, when the call carries a progress token: a client sees that the call is alive, and one
 // that resets its timeout on progress waits on.
-func (t *mcpTools) progress(ctx context.Context, req *mcp.CallToolRequest, budget time.Duration, what string) (stop func()) {
+func (t *tools) progress(ctx context.Context, req *sdk.CallToolRequest, budget time.Duration, what string) (stop func()) {
 	token := req.Params.GetProgressToken()
 	if token == nil || req.Session == nil || budget <= 0 {
 		return func() {}
@@ -132,7 +132,7 @@ func (t *mcpTools) progress(ctx context.Context, req *mcp.CallToolRequest, budge
 			case <-tick.C:
 				elapsed := time.Since(start)
 				// A failed send means the client is gone; the call itself notices.
-				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+				_ = req.Session.NotifyProgress(ctx, &sdk.ProgressNotificationParams{
 					ProgressToken: token, Progress: elapsed.Seconds(), Total: budget.Seconds(),
 					Message: fmt.Sprintf("%s: %s of at most %s", what, elapsed.Round(time.Second), budget),
 				})
