@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +12,9 @@ import (
 // TestComposeHA brings up docker-compose.ha.yml (three NATS servers clustered, two coordinators,
 // two runners) and checks, with the checkable workload of TestComposeFleet, through the published
 // ports as a user would: jobs started through either coordinator are seen through both; the leading
-// coordinator killed mid-workload, then a NATS server killed mid-workload, lose nothing: every job
-// ends with every byte of its output, one finished notification, its command started once.
+// coordinator killed mid-workload, then a NATS server killed mid-workload, then the new leader cut off
+// from the network (docker network disconnect) mid-workload, lose nothing: every job ends with every
+// byte of its output, one finished notification, its command started once.
 func TestComposeHA(t *testing.T) {
 	f := startFleetFrom(t, "docker-compose.ha.yml", "up", "-d", "--no-build", "--scale", "runner=2")
 	ctx := t.Context()
@@ -81,6 +83,46 @@ func TestComposeHA(t *testing.T) {
 		checkOutput(t, ctx, survivor, after, 10)
 		finishedOnce(t, ctx, survivor, session, append(ids, after))
 		startedOnce(t, f.startLog(), append(tg, "nats-after"))
+	})
+
+	// The killed coordinator and NATS server come back, the first as a standby; then the leader is
+	// cut off from the network mid-workload: it steps down, the other takes over and finishes its
+	// jobs, through which the jobs were started.
+	t.Run("disconnect-leader", func(t *testing.T) {
+		f.docker("start", f.container("nats-2"))
+		f.docker("start", f.container(leader))
+		back := f.clientOf(leader) // its published port may have changed
+		f.runners(ctx, back, 2)
+		cutOff := map[string]string{"coordinator-1": "coordinator-2", "coordinator-2": "coordinator-1"}[leader]
+		if !leads(survivor) || leads(back) {
+			t.Fatalf("after its restart %s leads, or %s does not", leader, cutOff)
+		}
+		const session, n = "disconnect", 2000
+		tg := tags("cut", 4)
+		ids := startJobs(t, ctx, back, session, tg, 15*time.Second, n)
+		for _, id := range ids {
+			pollJob(t, ctx, back, id, time.Minute, jobStarted)
+		}
+		ctr := f.container(cutOff)
+		network := f.docker("inspect", "--format", "{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}", ctr)
+		network = strings.Fields(network)[0]
+		cut := time.Now()
+		f.docker("network", "disconnect", network, ctr)
+		t.Cleanup(func() { _ = exec.Command("docker", "network", "connect", network, ctr).Run() })
+		for deadline := time.Now().Add(30 * time.Second); !leads(back); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s does not lead 30 s after %s was cut off", leader, cutOff)
+			}
+		}
+		t.Logf("%s leads %s after %s was cut off", leader, time.Since(cut).Round(time.Millisecond), cutOff)
+		for _, id := range ids {
+			if j := pollJob(t, ctx, back, id, 90*time.Second, jobEnded); j.EndedAt.Before(cut) {
+				t.Errorf("job %s ended before %s was cut off: the case tests nothing for it", id, cutOff)
+			}
+			checkOutput(t, ctx, back, id, n)
+		}
+		finishedOnce(t, ctx, back, session, ids)
+		startedOnce(t, f.startLog(), tg)
 	})
 }
 
