@@ -128,19 +128,21 @@ func subdirs(dir string) ([]string, error) {
 }
 
 // settleTime is how long killAll lets a group empty by itself before it freezes it.
-const settleTime = 2 * time.Millisecond
+const settleTime = 10 * time.Millisecond
 
 // killAll SIGKILLs the processes pids lists until there are none. freeze, when not nil, stops the
 // group around each listing so that no process forks or exits — and so no pid is reused — between
 // reading a pid and killing it; the killed processes die once thawed. An empty group is left alone:
 // nothing can enter it by forking, and freezing costs milliseconds on v1. So does a group that is
 // about to be empty: processes that are already dying (a sandbox's init after its command, a pid
-// namespace being torn down) are given settleTime to go before the group is frozen.
-func killAll(pids func() ([]int, error), freeze func(bool) error) error {
+// namespace being torn down) are given settleTime to go before the group is frozen, watched with
+// empty, which must be cheap: listing every hierarchy's pids on v1 each time cost more CPU than
+// the rest of a short job.
+func killAll(pids func() ([]int, error), empty func() bool, freeze func(bool) error) error {
 	deadline := time.Now().Add(killTimeout)
-	for settled := time.Now().Add(settleTime); time.Now().Before(settled); time.Sleep(settleTime / 10) {
-		if ps, err := pids(); err != nil || len(ps) == 0 {
-			return err
+	for settled := time.Now().Add(settleTime); time.Now().Before(settled); time.Sleep(settleTime / 20) {
+		if empty() {
+			return nil
 		}
 	}
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {

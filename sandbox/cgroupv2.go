@@ -220,7 +220,7 @@ func (g *v2Group) kill() error {
 	if exists(filepath.Join(g.dir, "cgroup.freeze")) {
 		freeze = g.freeze
 	}
-	return killAll(g.pids, freeze)
+	return killAll(g.pids, func() bool { ps, err := g.pids(); return err == nil && len(ps) == 0 }, freeze)
 }
 
 // pids lists the processes in the group and below it; a group that is gone holds none.
