@@ -304,6 +304,12 @@ func testMCPTools(t *testing.T, cs *mcp.ClientSession) {
 	if _, _, err := callTool[any](ctx, cs, "status", map[string]any{"id": "nosuchjob"}, nil); err == nil || !strings.Contains(err.Error(), "not_found") {
 		t.Errorf("status of an unknown job: %v", err)
 	}
+	// An id is one path segment, dots too: ".." is a bad job id, not the parent route.
+	for _, tool := range []string{"status", "kill"} {
+		if _, _, err := callTool[any](ctx, cs, tool, map[string]any{"id": ".."}, nil); err == nil || !strings.Contains(err.Error(), `job id ".." must be`) {
+			t.Errorf("%s of job \"..\": %v", tool, err)
+		}
+	}
 }
 
 // testMCPInlineOutput checks that a result carries the end of a large output, on a character

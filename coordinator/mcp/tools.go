@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/coordinator/client"
 )
 
@@ -392,7 +392,7 @@ func (t *tools) send(ctx context.Context, _ *sdk.CallToolRequest, in sendInput) 
 }
 
 func (t *tools) status(ctx context.Context, _ *sdk.CallToolRequest, in jobInput) (*sdk.CallToolResult, any, error) {
-	return t.api(ctx, "GET", "/v1/jobs/"+url.PathEscape(in.ID), nil)
+	return t.api(ctx, "GET", api.JobPath(in.ID), nil)
 }
 
 func (t *tools) list(ctx context.Context, _ *sdk.CallToolRequest, in listInput) (*sdk.CallToolResult, any, error) {
@@ -406,7 +406,7 @@ func (t *tools) kill(ctx context.Context, _ *sdk.CallToolRequest, in killInput) 
 	if in.Signal != "" {
 		body = map[string]string{"signal": in.Signal}
 	}
-	return t.api(ctx, "POST", "/v1/jobs/"+url.PathEscape(in.ID)+"/kill", body)
+	return t.api(ctx, "POST", api.JobKillPath(in.ID), body)
 }
 
 func (t *tools) notifications(ctx context.Context, req *sdk.CallToolRequest, in notificationsInput) (*sdk.CallToolResult, *client.Notifications, error) {
@@ -457,9 +457,9 @@ func (t *tools) ack(ctx context.Context, _ *sdk.CallToolRequest, in ackInput) (*
 }
 
 func (t *tools) endSession(ctx context.Context, _ *sdk.CallToolRequest, in sessionInput) (*sdk.CallToolResult, any, error) {
-	return t.api(ctx, "DELETE", "/v1/sessions/"+url.PathEscape(in.Session), nil)
+	return t.api(ctx, "DELETE", api.SessionPath(in.Session), nil)
 }
 
 func (t *tools) runners(ctx context.Context, _ *sdk.CallToolRequest, _ noInput) (*sdk.CallToolResult, any, error) {
-	return t.api(ctx, "GET", "/v1/runners", nil)
+	return t.api(ctx, "GET", api.RouteRunners, nil)
 }
