@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/sbx-dev/sbx/internal/jsready"
 	"github.com/sbx-dev/sbx/proto"
 	"github.com/sbx-dev/sbx/sandbox"
 )
@@ -379,7 +380,7 @@ func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Con
 				r.cfg.Logger.Info("waiting for the coordinator to create the work consumer", "consumer", name)
 				said = time.Now()
 			}
-		case jetStreamNotReady(err) && ctx.Err() == nil:
+		case jsready.NotReady(err) && ctx.Err() == nil:
 			if !quiet {
 				r.cfg.Logger.Info("waiting for JetStream", "err", err)
 				said = time.Now()
@@ -393,19 +394,6 @@ func (r *Runner) consumer(ctx context.Context, capability string) (jetstream.Con
 			return nil, ctx.Err()
 		}
 	}
-}
-
-// jetStreamNotReady reports whether err means JetStream cannot answer yet (not enabled yet, a
-// cluster electing its leader, the link being re-established) rather than a refusal. It is the twin
-// of natsbus.NotReady, which the runner may not import (the halves share only proto): keep the two
-// in step.
-func jetStreamNotReady(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
-		errors.Is(err, nats.ErrReconnectBufExceeded) ||
-		errors.As(err, &apiErr) && apiErr.Code == 503
 }
 
 // pullExpiry bounds one pull for work; a pull that expires empty is made again.

@@ -23,6 +23,7 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/mcp"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/internal/jsready"
 )
 
 // serveCoordinator runs the coordinator until ctx ends, serving the API on api; it calls ready once
@@ -81,7 +82,7 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 			// This one stopped its service and serves as a standby again; a lease still its own
 			// when NATS is back it takes back at once.
 			log.Warn("this coordinator stopped leading; it forwards to the leader until it leads again", "err", err)
-		case natsbus.NotReady(err):
+		case jsready.NotReady(err):
 			// JetStream stopped answering while this coordinator led or took the lead (a NATS
 			// server lost, its streams electing new leaders): it lets the lease go and tries again.
 			log.Warn("this coordinator stopped leading: JetStream does not answer; it tries again", "err", err)
@@ -239,7 +240,7 @@ func waitJetStream(ctx context.Context, log *slog.Logger, open func(context.Cont
 		if err == nil {
 			return true
 		}
-		if ctx.Err() != nil || !natsbus.NotReady(err) {
+		if ctx.Err() != nil || !jsready.NotReady(err) {
 			return false
 		}
 		if time.Since(said) >= dialNotice {

@@ -146,18 +146,6 @@ func (b *Bus) noteDispatch(err error) {
 
 var _ coordinator.Dispatcher = (*Bus)(nil)
 
-// NotReady reports whether err, from New or a JetStream call, means JetStream cannot answer yet
-// (not enabled yet, a cluster still electing its leader, a link being re-established) rather than a
-// refusal: the caller may try again. runner's jetStreamNotReady is its twin: keep the two in step.
-func NotReady(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
-		errors.Is(err, nats.ErrReconnectBufExceeded) ||
-		errors.As(err, &apiErr) && apiErr.Code == 503
-}
-
 // New creates or updates the streams and returns a Bus.
 func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Bus, error) {
 	cfg.setDefaults()

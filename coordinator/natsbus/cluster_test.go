@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
+	"github.com/sbx-dev/sbx/internal/jsready"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -120,8 +121,8 @@ func TestReplicasNeedServers(t *testing.T) {
 	t.Run("single server", func(t *testing.T) {
 		nc := startNATS(t)
 		_, err := New(t.Context(), nc, Config{Replicas: 3})
-		if err == nil || NotReady(err) || !strings.Contains(err.Error(), proto.WorkStream) || !strings.Contains(err.Error(), "not a cluster") {
-			t.Fatalf("New with 3 replicas on one server: %v (not ready: %v); want a refusal naming %s and the missing cluster", err, NotReady(err), proto.WorkStream)
+		if err == nil || jsready.NotReady(err) || !strings.Contains(err.Error(), proto.WorkStream) || !strings.Contains(err.Error(), "not a cluster") {
+			t.Fatalf("New with 3 replicas on one server: %v (not ready: %v); want a refusal naming %s and the missing cluster", err, jsready.NotReady(err), proto.WorkStream)
 		}
 	})
 	t.Run("existing stream", func(t *testing.T) {
@@ -130,7 +131,7 @@ func TestReplicasNeedServers(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := New(t.Context(), nc, Config{Replicas: 3})
-		if err == nil || NotReady(err) || !strings.Contains(err.Error(), "stream "+proto.WorkStream+" has 1 replicas, not 3") {
+		if err == nil || jsready.NotReady(err) || !strings.Contains(err.Error(), "stream "+proto.WorkStream+" has 1 replicas, not 3") {
 			t.Fatalf("New with 3 replicas on streams of 1: %v; want a refusal naming %s and both counts", err, proto.WorkStream)
 		}
 	})
@@ -142,8 +143,8 @@ func TestReplicasNeedServers(t *testing.T) {
 		}
 		t.Cleanup(nc.Close)
 		_, err = New(t.Context(), nc, Config{Replicas: 5})
-		if err == nil || NotReady(err) || !strings.Contains(err.Error(), proto.WorkStream) || !strings.Contains(err.Error(), "fewer than 5 JetStream servers") {
-			t.Fatalf("New with 5 replicas on 3 servers: %v (not ready: %v); want a refusal naming %s and the missing servers", err, NotReady(err), proto.WorkStream)
+		if err == nil || jsready.NotReady(err) || !strings.Contains(err.Error(), proto.WorkStream) || !strings.Contains(err.Error(), "fewer than 5 JetStream servers") {
+			t.Fatalf("New with 5 replicas on 3 servers: %v (not ready: %v); want a refusal naming %s and the missing servers", err, jsready.NotReady(err), proto.WorkStream)
 		}
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/internal/jsready"
 )
 
 // The buckets of the coordinator's state (docs/store.md). StateBucket holds jobs, sessions and each
@@ -494,7 +495,7 @@ func (s *State) put(ctx context.Context, kv jetstream.KeyValue, key string, data
 // writeError marks err, a failed write to a bucket, unavailable when JetStream could not answer, so
 // that the API says 503, as it does for a start that could not be queued: the caller may retry.
 func writeError(err error) error {
-	if NotReady(err) || notSent(err) {
+	if jsready.NotReady(err) || notSent(err) {
 		return fmt.Errorf("%w: %w", coordinator.Errorf(coordinator.EUNAVAILABLE, "The coordinator could not write its state to JetStream; is NATS reachable?"), err)
 	}
 	return err

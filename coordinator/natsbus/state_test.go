@@ -15,6 +15,7 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/internal/jsready"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -221,7 +222,7 @@ func TestStateReplicas(t *testing.T) {
 	nc := startNATS(t)
 	openState(t, nc, openCache(t))
 	_, err := OpenState(t.Context(), nc, openCache(t), StateConfig{Replicas: 3})
-	if err == nil || NotReady(err) || !strings.Contains(err.Error(), "stream KV_"+StateBucket+" has 1 replicas, not 3") {
+	if err == nil || jsready.NotReady(err) || !strings.Contains(err.Error(), "stream KV_"+StateBucket+" has 1 replicas, not 3") {
 		t.Fatalf("OpenState with 3 replicas over buckets of 1: %v; want a refusal naming KV_%s", err, StateBucket)
 	}
 }
