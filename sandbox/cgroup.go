@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,47 @@ type group interface {
 	// remove removes the group's directories and any below them; a group already gone is not an
 	// error.
 	remove() error
+	// own lists the group's own directories: one per v1 hierarchy, the one v2 directory.
+	own() []string
+}
+
+// initExitWait bounds how long a finished job's group is left to its init step alone.
+const initExitWait = time.Second
+
+// settleInit waits, up to initExitWait, for the init step (pid) to exit when the group holds it and
+// nothing else. The init exits by itself once it has reaped the last process of its namespace, a
+// moment after it reported the job's status, but under load that moment can pass killAll's
+// settleTime; killing it then (on v1: freeze, list every hierarchy, kill, thaw) cost more of the
+// runner's CPU than the rest of a short job. The group is read once, each directory's cgroup.procs
+// without descending: anything else there (another process, a child cgroup, an error) leaves the
+// init to the kill. The wait is on a pidfd, which becomes readable when the init exits, before it
+// is reaped: its pid cannot be reused meanwhile.
+func settleInit(g group, pid int) {
+	alone := strconv.Itoa(pid) + "\n"
+	for _, dir := range g.own() {
+		procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil || len(procs) > 0 && string(procs) != alone {
+			return
+		}
+		if children, err := subdirs(dir); err != nil || len(children) > 0 {
+			return
+		}
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone already, or a kernel before 5.3: the kill settles it
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(initExitWait); ; {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		if _, err := unix.Poll(fds, int(left.Milliseconds())+1); err != unix.EINTR {
+			return
+		}
+	}
 }
 
 // usage is what a group accounted for the job.

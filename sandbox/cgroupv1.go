@@ -401,3 +401,5 @@ func (g *v1Group) rmdirs() error {
 	}
 	return nil
 }
+
+func (g *v1Group) own() []string { return g.dirs }

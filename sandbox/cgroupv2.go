@@ -304,3 +304,5 @@ func (g *v2Group) remove() error {
 		return err
 	})
 }
+
+func (g *v2Group) own() []string { return []string{g.dir} }

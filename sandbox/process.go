@@ -357,6 +357,8 @@ func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool)
 	p.mu.Unlock()
 	if killing {
 		waitEmptyUntil(g.pids, killAt)
+	} else {
+		settleInit(g, cmd.Process.Pid)
 	}
 	p.killMu.Lock()
 	kerr := g.kill()
