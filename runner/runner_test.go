@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sbx-dev/sbx/internal/natstest"
 	"github.com/sbx-dev/sbx/proto"
 	"github.com/sbx-dev/sbx/sandbox"
 )
@@ -57,20 +57,7 @@ func newHarnessWith(t *testing.T, eventBytes int64) *harness {
 		t.Skip("runner tests need root for cgroups")
 	}
 	ensureJobUser(t)
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Conn(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

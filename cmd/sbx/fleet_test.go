@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/internal/natstest"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -54,15 +55,7 @@ func (n *restartableNATS) start() { n.t.Helper(); n.startWith(true) }
 // startWith starts the server, with JetStream or without.
 func (n *restartableNATS) startWith(jetStream bool) {
 	n.t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: jetStream, StoreDir: n.store, NoSigs: true})
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		n.t.Fatal("nats did not start")
-	}
-	n.ns = ns
+	n.ns = natstest.Run(n.t, &server.Options{Host: "127.0.0.1", Port: n.port, JetStream: jetStream, StoreDir: n.store})
 }
 
 // withJetStream calls f with a JetStream client of its own connection, closed when f returns.

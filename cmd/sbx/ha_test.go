@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
+	"github.com/sbx-dev/sbx/internal/natstest"
 )
 
 // process is an sbx process started by a test, to be killed with SIGKILL as a crash would, which
@@ -93,7 +93,7 @@ func TestSeveralCoordinators(t *testing.T) {
 		t.Skip("starts a NATS cluster and coordinator processes")
 	}
 	bin := buildSbx(t)
-	cluster := coordinatortest.StartCluster(t, 3)
+	cluster := natstest.StartCluster(t, 3)
 	urls := cluster.URLs()
 	coord := func() *process {
 		return startKillable(t, bin, "coordinator", "--nats", urls, "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--replicas", "3", "--lease-ttl", "2s")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sbx-dev/sbx/cmd/sbx/natsauth"
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/internal/natstest"
 )
 
 // startRunner runs `sbx runner` in-process with args until the test ends.
@@ -121,16 +122,7 @@ func TestFleetNATSAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.NoSigs = true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
+	ns := natstest.Run(t, opts)
 	if _, err := cli(t, nil, "coordinator", "--nats", ns.ClientURL(), "--listen", "127.0.0.1:0", "--data", t.TempDir()); err == nil ||
 		!strings.Contains(strings.ToLower(err.Error()), "authorization") {
 		t.Fatalf("a coordinator without creds: %v, want an authorization error", err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/internal/natstest"
 )
 
 // buildSbx builds the sbx binary for a test, or returns $SBX_TEST_BINARY, one built beforehand (the
@@ -73,7 +74,7 @@ func TestScaleOut(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("runners need root for cgroups")
 	}
-	ns := startNATS(t)
+	ns := natstest.Server(t)
 	bin := buildSbx(t)
 	url := ns.ClientURL()
 	lines := startProcess(t, bin, "coordinator", "--nats", url, "--listen", "127.0.0.1:0", "--data", t.TempDir())

@@ -10,15 +10,15 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
+	"github.com/sbx-dev/sbx/internal/natstest"
 )
 
 // idempotencyBus is a Bus on a real in-process NATS: the store of idempotency keys.
 func idempotencyBus(t *testing.T) *natsbus.Bus {
 	t.Helper()
-	nc := coordinatortest.StartNATS(t)
+	nc := natstest.Conn(t)
 	bus, err := natsbus.New(t.Context(), nc, natsbus.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -15,24 +15,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/internal/natstest"
 	"github.com/sbx-dev/sbx/proto"
 )
-
-func startNATS(t *testing.T) *nats.Conn {
-	return coordinatortest.StartNATS(t)
-}
 
 // connectRunner connects to nc's server as runner id does: with the runner's inbox prefix.
 func connectRunner(t *testing.T, nc *nats.Conn, id string) *nats.Conn {
 	t.Helper()
-	rc, err := nats.Connect(nc.ConnectedUrl(), nats.CustomInboxPrefix(proto.RunnerInbox(id)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rc.Close)
-	return rc
+	return natstest.Connect(t, nc.ConnectedUrl(), nats.CustomInboxPrefix(proto.RunnerInbox(id)))
 }
 
 // coordinatorLife is one life of a coordinator: its store, bus and service, consuming until stop.
@@ -159,7 +150,7 @@ func claimOf(t *testing.T, svc *coordinator.Service, id string) string {
 // TestRestartResumes: events published while the coordinator is down are applied when it comes back,
 // on the same store, and the job's output is whole.
 func TestRestartResumes(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	dir := t.TempDir()
 	ctx := t.Context()
 	first := startCoordinator(t, nc, dir)
@@ -195,7 +186,7 @@ func TestRestartResumes(t *testing.T) {
 
 // TestWithdraw: a queued job that no runner took is withdrawn from the work stream by a kill.
 func TestWithdraw(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "sleep 1", Cwd: "/"})
@@ -229,7 +220,7 @@ func mustCompile(t *testing.T, pattern string) *regexp.Regexp {
 // TestForgedEvents: an event or chunk from a runner that does not run the job, or without the job's
 // claim, is dropped and counted; the job keeps running and its output stays the real runner's.
 func TestForgedEvents(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "sleep 100", Cwd: "/"})
@@ -301,7 +292,7 @@ func TestForgedEvents(t *testing.T) {
 
 // TestForgedHeartbeat: a heartbeat naming another runner than its subject's is dropped and counted.
 func TestForgedHeartbeat(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	forged := &proto.Heartbeat{V: proto.Version, Runner: "victim", Pool: "default", Slots: 1, Readonly: true, Boot: time.Now(), Time: time.Now()}
 	honest := *forged
@@ -334,7 +325,7 @@ func TestForgedHeartbeat(t *testing.T) {
 // TestWithdrawTaken: a kill racing a runner's ack answers "taken", never an error: the work stream
 // says "not found" or "delete unsuccessful" for a message acked a moment ago.
 func TestWithdrawTaken(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	for i := range 20 {
@@ -362,7 +353,7 @@ func TestWithdrawTaken(t *testing.T) {
 // TestConsumeConsumerDeleted: when the event consumer is deleted, Consume returns an error (the
 // supervisor then exits the process) rather than waiting forever.
 func TestConsumeConsumerDeleted(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	bus, err := New(ctx, nc, Config{ConsumerHeartbeat: 500 * time.Millisecond})
 	if err != nil {
@@ -409,7 +400,7 @@ func TestConsumeConsumerDeleted(t *testing.T) {
 // TestWorkConsumersBounded: the coordinator creates work consumers for the pools runners name, up to
 // MaxWorkConsumers: heartbeats naming ever new pools do not make it create consumers without end.
 func TestWorkConsumersBounded(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	bus, err := New(ctx, nc, Config{MaxWorkConsumers: 3})
 	if err != nil {
@@ -435,7 +426,7 @@ func TestWorkConsumersBounded(t *testing.T) {
 // TestConfirmStart: the coordinator confirms the start of a job it queued, and refuses one it
 // withdrew; the work it queues carries the moment it stopped waiting for the stream.
 func TestConfirmStart(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	before := time.Now()
@@ -498,7 +489,7 @@ func (c *crashing) HandleEvent(ctx context.Context, e *proto.Event) error {
 // TestCrashRecovery: a job whose exit was being applied when the coordinator died ends within 5 s
 // of the next coordinator's start, not after the event's ack wait (30 s).
 func TestCrashRecovery(t *testing.T) {
-	base := startNATS(t)
+	base := natstest.Conn(t)
 	dir := t.TempDir()
 	ctx := t.Context()
 
@@ -568,7 +559,8 @@ func TestReadyChecksJetStream(t *testing.T) {
 		}, "last job submission failed"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ns, nc := coordinatortest.StartServer(t)
+			ns := natstest.Server(t)
+			nc := natstest.Connect(t, ns.ClientURL())
 			bus, err := New(t.Context(), nc, Config{})
 			if err != nil {
 				t.Fatal(err)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
+	"github.com/sbx-dev/sbx/internal/natstest"
 )
 
 // testTTL is short so that the tests take seconds; the timings scale with it.
@@ -136,19 +136,14 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.
 
 func connect(t *testing.T, urls string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(urls, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natstest.Connect(t, urls, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
 }
 
 // TestLeaseOneLeads: of two leases one leads, both see it as the holder; when its Run's context
 // ends the other takes over (at once: the leaver deletes the key), and a lead's own error is what
 // Run returns.
 func TestLeaseOneLeads(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	var rec leads
 	a := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "a", URL: "http://a", TTL: testTTL}, rec.lead("a"))
 	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", URL: "http://b", TTL: testTTL}, rec.lead("b"))
@@ -206,7 +201,7 @@ func TestLeaseOneLeads(t *testing.T) {
 // steps down within TTL/2, before the other takes over; the other does within TTL and a renewal
 // of the last write.
 func TestLeaseHolderDies(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	var rec leads
 	anc := connect(t, ns.ClientURL())
 	a := startLease(t, anc, LeaseConfig{ID: "a", TTL: testTTL}, rec.lead("a"))
@@ -230,7 +225,7 @@ func TestLeaseHolderDies(t *testing.T) {
 // TestLeaseRestartTakesBack: a coordinator restarted under the holder's ID takes the lease back at
 // once, where a coordinator of another ID waits for the TTL.
 func TestLeaseRestartTakesBack(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	var rec leads
 	anc := connect(t, ns.ClientURL())
 	a := startLease(t, anc, LeaseConfig{ID: "a", TTL: testTTL}, rec.lead("a"))
@@ -256,7 +251,7 @@ func TestLeaseRestartTakesBack(t *testing.T) {
 // only is cut off when that server shuts down: it steps down before the other, connected to the
 // two others, takes over.
 func TestLeaseNodeLoss(t *testing.T) {
-	cluster := coordinatortest.StartCluster(t, 3)
+	cluster := natstest.StartCluster(t, 3)
 	// A TTL that the cluster's renewals fit with room while the servers share two cores.
 	const ttl = time.Second
 	var rec leads
@@ -282,7 +277,7 @@ func TestLeaseNodeLoss(t *testing.T) {
 
 // TestLeaseRefusesOtherReplicas: the bucket's replica count is not changed in place.
 func TestLeaseRefusesOtherReplicas(t *testing.T) {
-	nc := coordinatortest.StartNATS(t)
+	nc := natstest.Conn(t)
 	if _, err := OpenLease(t.Context(), nc, LeaseConfig{ID: "a"}); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +293,7 @@ func TestLeaseRefusesOtherReplicas(t *testing.T) {
 // TestLeaseWaitHolder: WaitHolder blocks while no coordinator holds the lease, and returns the
 // first that does.
 func TestLeaseWaitHolder(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	l, err := OpenLease(t.Context(), connect(t, ns.ClientURL()), LeaseConfig{ID: "standby", TTL: testTTL})
 	if err != nil {
 		t.Fatal(err)
