@@ -19,14 +19,14 @@ func beat(boot, at time.Time, jobs ...string) *proto.Heartbeat {
 // waitKills waits until the dispatcher saw n kill requests and returns them.
 func waitKills(t *testing.T, e *env, n int) []string {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); len(e.disp.kills()) < n; {
+	for deadline := time.Now().Add(5 * time.Second); len(e.disp.Kills()) < n; {
 		if time.Now().After(deadline) {
-			t.Fatalf("kills %v, want %d", e.disp.kills(), n)
+			t.Fatalf("kills %v, want %d", e.disp.Kills(), n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	time.Sleep(20 * time.Millisecond) // and no more
-	return e.disp.kills()
+	return e.disp.Kills()
 }
 
 // TestLostJobFenced: a job marked lost because its runner fell silent is killed when the runner is

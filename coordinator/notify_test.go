@@ -16,54 +16,12 @@ import (
 	"github.com/sbx-dev/sbx/proto"
 )
 
-// runDispatcher is a fake Dispatcher that can withdraw queued work and records control requests.
-type runDispatcher struct {
-	mu       sync.Mutex
-	seq      uint64
-	withdraw bool
-	controls []*proto.Control
-	work     []*proto.Work
-}
-
-func (d *runDispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.work = append(d.work, w)
-	d.seq++
-	return d.seq, nil
-}
-
-func (d *runDispatcher) Withdraw(context.Context, uint64) (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.withdraw, nil
-}
-
-func (d *runDispatcher) Control(_ context.Context, _ string, c *proto.Control) (*proto.ControlReply, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.controls = append(d.controls, c)
-	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, nil
-}
-
-func (d *runDispatcher) kills() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var ids []string
-	for _, c := range d.controls {
-		if c.Op == proto.OpKill {
-			ids = append(ids, c.JobID)
-		}
-	}
-	return ids
-}
-
 // env is a Service on a store in dir, with a settable clock, run until the test ends or stop.
 type env struct {
 	t    *testing.T
 	svc  *coordinator.Service
 	clk  *clock
-	disp *runDispatcher
+	disp *coordinatortest.Dispatcher
 	stop func()
 }
 
@@ -84,7 +42,7 @@ func openEnv(t *testing.T, dir string, clk *clock, cfg coordinator.Config) *env 
 	if err != nil {
 		t.Fatal(err)
 	}
-	disp := &runDispatcher{}
+	disp := &coordinatortest.Dispatcher{}
 	svc, err := coordinator.New(t.Context(), cfg, db, terms, disp)
 	if err != nil {
 		t.Fatal(err)
@@ -599,10 +557,10 @@ func TestMonitor(t *testing.T) {
 		t.Fatalf("got\n%s", got)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for len(e.disp.kills()) == 0 && time.Now().Before(deadline) {
+	for len(e.disp.Kills()) == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if kills := e.disp.kills(); len(kills) != 1 || kills[0] != id {
+	if kills := e.disp.Kills(); len(kills) != 1 || kills[0] != id {
 		t.Fatalf("kills %v", kills)
 	}
 	e.chunk(id, 22, "8\n")
@@ -628,9 +586,8 @@ func TestMonitorStdoutOnly(t *testing.T) {
 	id := e.start(coordinator.StartRequest{
 		Monitor: true, Title: "deploy", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "FATAL", DebounceMS: 1},
 	})
-	e.disp.mu.Lock()
-	w := e.disp.work[len(e.disp.work)-1]
-	e.disp.mu.Unlock()
+	works := e.disp.Works()
+	w := works[len(works)-1]
 	if !w.SeparateStderr {
 		t.Fatal("a monitor's work does not read stderr apart")
 	}
@@ -661,9 +618,8 @@ func TestMonitorStdoutOnly(t *testing.T) {
 	}
 
 	plain := e.start(coordinator.StartRequest{})
-	e.disp.mu.Lock()
-	w = e.disp.work[len(e.disp.work)-1]
-	e.disp.mu.Unlock()
+	works = e.disp.Works()
+	w = works[len(works)-1]
 	if w.JobID != plain || w.SeparateStderr {
 		t.Fatalf("a plain job's work %+v", w)
 	}
@@ -676,7 +632,7 @@ func TestSessionEnd(t *testing.T) {
 	running := e.start(coordinator.StartRequest{Session: "s1", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "x"}})
 	e.event(&proto.Event{V: proto.Version, Kind: proto.EventAccepted, JobID: running, Runner: "r1", Time: e.clk.Now()})
 	other := e.start(coordinator.StartRequest{Session: "s2"})
-	e.disp.withdraw = true
+	e.disp.SetWithdraw(true)
 	queued, err := e.svc.Start(t.Context(), coordinator.StartRequest{Command: "sleep 1", Cwd: "/", Session: "s1"})
 	if err != nil {
 		t.Fatal(err)
@@ -685,7 +641,7 @@ func TestSessionEnd(t *testing.T) {
 	if err != nil || len(ids) != 2 {
 		t.Fatalf("end session: %v, %v", ids, err)
 	}
-	if kills := e.disp.kills(); len(kills) != 1 || kills[0] != running {
+	if kills := e.disp.Kills(); len(kills) != 1 || kills[0] != running {
 		t.Fatalf("kills %v, want %s", kills, running)
 	}
 	e.chunk(running, 0, "x\n")
@@ -721,15 +677,15 @@ func TestLease(t *testing.T) {
 		e.svc.TouchSession("agent")
 		time.Sleep(20 * time.Millisecond)
 	}
-	if kills := e.disp.kills(); len(kills) != 0 {
+	if kills := e.disp.Kills(); len(kills) != 0 {
 		t.Fatalf("a renewed session ended: %v", kills)
 	}
 	e.clk.advance(1100 * time.Millisecond)
 	deadline := time.Now().Add(5 * time.Second)
-	for len(e.disp.kills()) == 0 && time.Now().Before(deadline) {
+	for len(e.disp.Kills()) == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if kills := e.disp.kills(); len(kills) != 1 || kills[0] != id {
+	if kills := e.disp.Kills(); len(kills) != 1 || kills[0] != id {
 		t.Fatalf("kills %v", kills)
 	}
 	st, err := e.svc.Session(t.Context(), "agent")

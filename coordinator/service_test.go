@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,21 +17,6 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/proto"
 )
-
-// dispatcher is a fake of the Dispatcher port: it queues nothing and answers every control request.
-type dispatcher struct {
-	mu       sync.Mutex
-	controls []*proto.Control
-}
-
-func (d *dispatcher) Dispatch(context.Context, *proto.Work) (uint64, error) { return 1, nil }
-func (d *dispatcher) Withdraw(context.Context, uint64) (bool, error)        { return false, nil }
-func (d *dispatcher) Control(_ context.Context, _ string, c *proto.Control) (*proto.ControlReply, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.controls = append(d.controls, c)
-	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, nil
-}
 
 // clock is a settable Now.
 type clock struct {
@@ -58,11 +44,11 @@ func newService(t *testing.T, clk *clock) *coordinator.Service {
 // newServiceWith runs a Service with cfg on a fresh store until the test ends.
 func newServiceWith(t *testing.T, cfg coordinator.Config) *coordinator.Service {
 	t.Helper()
-	return newServiceDisp(t, cfg, &dispatcher{})
+	return newServiceDisp(t, cfg, &coordinatortest.Dispatcher{})
 }
 
 // newServiceDisp is newServiceWith with the dispatcher d.
-func newServiceDisp(t *testing.T, cfg coordinator.Config, d *dispatcher) *coordinator.Service {
+func newServiceDisp(t *testing.T, cfg coordinator.Config, d *coordinatortest.Dispatcher) *coordinator.Service {
 	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(filepath.Join(dir, "sbx.db"))
@@ -327,8 +313,8 @@ func TestWaitScansIncrementally(t *testing.T) {
 // them with disk_low. Only per-job caps existed: 256 slots of 1 GiB each.
 func TestOutputBudget(t *testing.T) {
 	// open runs a service with the budget and returns its start and write helpers and its dispatcher.
-	open := func(t *testing.T, cfg coordinator.Config) (*coordinator.Service, func() (string, error), func(string, int, int), *dispatcher) {
-		d := &dispatcher{}
+	open := func(t *testing.T, cfg coordinator.Config) (*coordinator.Service, func() (string, error), func(string, int, int), *coordinatortest.Dispatcher) {
+		d := &coordinatortest.Dispatcher{}
 		svc := newServiceDisp(t, cfg, d)
 		ctx := t.Context()
 		start := func() (string, error) {
@@ -347,15 +333,8 @@ func TestOutputBudget(t *testing.T) {
 		}
 		return svc, start, write, d
 	}
-	killed := func(d *dispatcher, id string) bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, c := range d.controls {
-			if c.JobID == id && c.Op == proto.OpKill {
-				return true
-			}
-		}
-		return false
+	killed := func(d *coordinatortest.Dispatcher, id string) bool {
+		return slices.Contains(d.Kills(), id)
 	}
 	exit := func(t *testing.T, svc *coordinator.Service, id string, size int64) {
 		t.Helper()

@@ -51,7 +51,7 @@ func TestForwarder(t *testing.T) {
 	}
 	// The standby checks the token itself: a stranger never reaches the leader.
 	standby.post("/v1/jobs", map[string]any{"command": "true"}).wantError(t, http.StatusUnauthorized, "unauthorized", "Bearer")
-	if n := len(leader.disp.works()); n != 1 {
+	if n := len(leader.disp.Works()); n != 1 {
 		t.Errorf("the leader dispatched %d jobs, want 1", n)
 	}
 

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -225,10 +226,11 @@ func TestStream(t *testing.T) {
 func TestEndSession(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
 	h.startOnly()
-	h.disp.setControl(func(c *proto.Control) {
+	h.disp.SetControl(func(_ context.Context, _ string, c *proto.Control) error {
 		if c.Op == proto.OpKill {
 			go h.killed(c.JobID)
 		}
+		return nil
 	})
 	s := h.start(map[string]any{"command": "sleep 100"}, "Sbx-Session", "agent-1")
 	r := h.do("DELETE", "/v1/sessions/agent-1", nil)
