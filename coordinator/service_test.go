@@ -15,6 +15,7 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -170,7 +171,9 @@ func TestWaitPatternAcrossChunks(t *testing.T) {
 	re := regexp.MustCompile(`(?m)^ready on port \d+$`)
 	go func() {
 		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("booting\nready on po")}))
-		time.Sleep(20 * time.Millisecond)
+		// The second half comes while the wait waits (were it not counted in 5 s, the wait would
+		// still find both halves).
+		poll.Within(5*time.Second, func() bool { return svc.Observers(id) == 1 })
 		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")}))
 	}()
 	w, err := svc.Wait(ctx, id, 5*time.Second, re)
@@ -358,13 +361,7 @@ func TestOutputBudget(t *testing.T) {
 		write(a, 0, 600)
 		write(b, 0, 300)
 		write(b, 300, 200) // 1100 bytes in all: b wrote past the budget
-		deadline := time.Now().Add(10 * time.Second)
-		for !killed(d, b) {
-			if time.Now().After(deadline) {
-				t.Fatal("the job that wrote past the budget was not stopped")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		poll.Until(t, 10*time.Second, "the job that wrote past the budget is stopped", func() bool { return killed(d, b) })
 		if killed(d, a) {
 			t.Error("a job that wrote within the budget was stopped")
 		}
@@ -389,14 +386,12 @@ func TestOutputBudget(t *testing.T) {
 		}
 		write(a, 0, 1100)
 		exit(t, svc, a, 1100)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if _, err := start(); err == nil {
-				break
-			} else if coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET || time.Now().After(deadline) {
-				t.Fatalf("start after retention freed room: %v", err)
-			}
-			time.Sleep(5 * time.Millisecond)
+		poll.Within(10*time.Second, func() bool {
+			_, err = start()
+			return coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET
+		})
+		if err != nil {
+			t.Fatalf("start after retention freed room: %v", err)
 		}
 	})
 

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// interval is how long Until waits between two looks at the condition: short, as the tests wait
+// interval is how long Within waits between two looks at the condition: short, as the tests wait
 // for in-process work, and long enough not to starve the work it waits for.
 const interval = 5 * time.Millisecond
 
@@ -17,11 +17,21 @@ const interval = 5 * time.Millisecond
 func Until(t testing.TB, d time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
+	if !Within(d, cond) {
+		t.Fatalf("%s: not within %s", what, d)
+	}
+	return time.Since(start)
+}
+
+// Within calls cond until it returns true or d has passed, and reports whether it returned true:
+// for a test that checks what it waited for itself, or a goroutine that may not fail its test.
+func Within(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
 	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %s", what, d)
+		if time.Now().After(deadline) {
+			return false
 		}
 		time.Sleep(interval)
 	}
-	return time.Since(start)
+	return true
 }
