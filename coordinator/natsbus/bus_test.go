@@ -17,6 +17,7 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -251,12 +252,10 @@ func TestForgedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	deadline := time.Now().Add(10 * time.Second)
-	for c.svc.Stats().Forged[coordinator.ForgedState] < 3 || c.svc.Stats().Forged[coordinator.ForgedOutput] < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("forged messages counted: %v", c.svc.Stats().Forged)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Within(10*time.Second, func() bool {
+		return c.svc.Stats().Forged[coordinator.ForgedState] >= 3 && c.svc.Stats().Forged[coordinator.ForgedOutput] >= 2
+	}) {
+		t.Fatalf("forged messages counted: %v", c.svc.Stats().Forged)
 	}
 	j, err := c.svc.Job(ctx, id)
 	if err != nil || j.Status != coordinator.StatusRunning || j.Runner != "r1" {
@@ -275,18 +274,14 @@ func TestForgedEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		info, err := cons.Info(ctx)
-		if err != nil {
+	var info *jetstream.ConsumerInfo
+	if !poll.Within(10*time.Second, func() bool {
+		if info, err = cons.Info(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if info.NumAckPending == 0 && info.NumPending == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("forged events still pending: %d ack pending, %d pending", info.NumAckPending, info.NumPending)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}) {
+		t.Fatalf("forged events still pending: %d ack pending, %d pending", info.NumAckPending, info.NumPending)
 	}
 }
 
@@ -297,12 +292,11 @@ func TestForgedHeartbeat(t *testing.T) {
 	forged := &proto.Heartbeat{V: proto.Version, Runner: "victim", Pool: "default", Slots: 1, Readonly: true, Boot: time.Now(), Time: time.Now()}
 	honest := *forged
 	honest.Runner = "r2"
-	deadline := time.Now().Add(5 * time.Second)
 	// Consume subscribes in the background, maybe between the two publishes: publish both until
-	// both were seen.
-	for len(c.svc.Runners()) == 0 || c.svc.Stats().Forged[coordinator.ForgedHeartbeat] == 0 {
-		if time.Now().After(deadline) {
-			break // the assertions below say which one was missed
+	// both were seen. The assertions below say which one was missed.
+	poll.Within(5*time.Second, func() bool {
+		if len(c.svc.Runners()) > 0 && c.svc.Stats().Forged[coordinator.ForgedHeartbeat] > 0 {
+			return true
 		}
 		for _, hb := range []*proto.Heartbeat{forged, &honest} {
 			if err := nc.Publish(proto.HeartbeatSubject("r2", "default"), proto.Encode(hb)); err != nil {
@@ -312,8 +306,8 @@ func TestForgedHeartbeat(t *testing.T) {
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	})
 	if rs := c.svc.Runners(); len(rs) != 1 || rs[0].ID != "r2" {
 		t.Fatalf("runners %+v, want r2 alone", rs)
 	}
@@ -377,13 +371,15 @@ func TestConsumeConsumerDeleted(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- bus.Consume(ctx, svc) }()
 	js, _ := jetstream.New(nc)
-	for {
-		if _, err := js.Consumer(ctx, proto.EventStream, proto.EventConsumer); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond) // a pull is waiting
+	var cons jetstream.Consumer
+	poll.Until(t, 10*time.Second, "the event consumer exists", func() bool {
+		cons, err = js.Consumer(ctx, proto.EventStream, proto.EventConsumer)
+		return err == nil
+	})
+	poll.Until(t, 10*time.Second, "a pull is waiting", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumWaiting > 0
+	})
 	if err := js.DeleteConsumer(ctx, proto.EventStream, proto.EventConsumer); err != nil {
 		t.Fatal(err)
 	}

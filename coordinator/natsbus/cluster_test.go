@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -61,7 +62,7 @@ func TestReplicasSurviveLeaderLoss(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no dispatch succeeded within 30s of the loss of %s: %v", leader.Name(), err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // between attempts, each a job, while a new leader is elected
 	}
 	queued[seq] = id
 	info, err := bus.work.Info(ctx)
@@ -87,16 +88,13 @@ func TestReplicasSurviveLeaderLoss(t *testing.T) {
 // server keep everything it holds.
 func waitReplicas(t *testing.T, s jetstream.Stream, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		info, err := s.Info(t.Context())
-		if err == nil && info.Config.Replicas == n && info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == n-1 && allCurrent(info.Cluster.Replicas) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream %s did not get %d current replicas: %+v, %v", s.CachedInfo().Config.Name, n, info, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var info *jetstream.StreamInfo
+	var err error
+	if !poll.Within(30*time.Second, func() bool {
+		info, err = s.Info(t.Context())
+		return err == nil && info.Config.Replicas == n && info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == n-1 && allCurrent(info.Cluster.Replicas)
+	}) {
+		t.Fatalf("stream %s did not get %d current replicas: %+v, %v", s.CachedInfo().Config.Name, n, info, err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // testTTL is short so that the tests take seconds; the timings scale with it.
@@ -121,19 +122,6 @@ func (r *running) wait(t *testing.T, d time.Duration) error {
 	}
 }
 
-// waitFor polls cond until it holds, failing t at the deadline.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 func connect(t *testing.T, urls string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
 	return natstest.Connect(t, urls, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
@@ -148,7 +136,7 @@ func TestLeaseOneLeads(t *testing.T) {
 	a := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "a", URL: "http://a", TTL: testTTL}, rec.lead("a"))
 	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", URL: "http://b", TTL: testTTL}, rec.lead("b"))
 
-	waitFor(t, 5*time.Second, "a leader", func() bool { return len(rec.leaders()) == 1 })
+	poll.Until(t, 5*time.Second, "a leader", func() bool { return len(rec.leaders()) == 1 })
 	first := rec.leaders()[0]
 	leader, standby := a, b
 	if first == "b" {
@@ -163,7 +151,7 @@ func TestLeaseOneLeads(t *testing.T) {
 		if !leader.lease.Leading() || standby.lease.Leading() {
 			t.Fatalf("Leading: %s %v, the other %v", first, leader.lease.Leading(), standby.lease.Leading())
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // between looks at a window in which nothing may change
 	}
 	for _, r := range []*running{a, b} {
 		id, url, err := r.lease.WaitHolder(t.Context())
@@ -177,12 +165,12 @@ func TestLeaseOneLeads(t *testing.T) {
 	if err := leader.wait(t, testTTL); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run of the leader whose context ended: %v, want context.Canceled", err)
 	}
-	took := waitFor(t, testTTL+testTTL/4+200*time.Millisecond, "the standby takes over", func() bool {
+	took := poll.Until(t, testTTL+testTTL/4+200*time.Millisecond, "the standby takes over", func() bool {
 		ids := rec.leaders()
 		return len(ids) == 1 && ids[0] != first
 	})
 	t.Logf("took over %s after the leader's context ended (%s of waiting)", time.Since(stopped), took)
-	waitFor(t, time.Second, "Holder names the new leader", func() bool {
+	poll.Until(t, time.Second, "Holder names the new leader", func() bool {
 		id, _, ok := standby.lease.Holder()
 		return ok && id != first
 	})
@@ -205,9 +193,9 @@ func TestLeaseHolderDies(t *testing.T) {
 	var rec leads
 	anc := connect(t, ns.ClientURL())
 	a := startLease(t, anc, LeaseConfig{ID: "a", TTL: testTTL}, rec.lead("a"))
-	waitFor(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
+	poll.Until(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
 	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", TTL: testTTL}, rec.lead("b"))
-	waitFor(t, 5*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
+	poll.Until(t, 5*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
 
 	cut := time.Now()
 	anc.Close()
@@ -217,7 +205,7 @@ func TestLeaseHolderDies(t *testing.T) {
 	if a.lease.Leading() {
 		t.Error("a still says it leads")
 	}
-	waitFor(t, testTTL+testTTL/4+300*time.Millisecond, "b takes over", func() bool { return b.lease.Leading() })
+	poll.Until(t, testTTL+testTTL/4+300*time.Millisecond, "b takes over", func() bool { return b.lease.Leading() })
 	t.Logf("b took over %s after a was cut off", time.Since(cut))
 	rec.checkNoOverlap(t)
 }
@@ -229,7 +217,7 @@ func TestLeaseRestartTakesBack(t *testing.T) {
 	var rec leads
 	anc := connect(t, ns.ClientURL())
 	a := startLease(t, anc, LeaseConfig{ID: "a", TTL: testTTL}, rec.lead("a"))
-	waitFor(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
+	poll.Until(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
 	anc.Close()
 	if err := a.wait(t, testTTL); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Run of a leader cut off: %v, want ErrLeaseLost", err)
@@ -237,7 +225,7 @@ func TestLeaseRestartTakesBack(t *testing.T) {
 
 	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", TTL: testTTL}, rec.lead("b"))
 	again := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "a", TTL: testTTL}, rec.lead("a again"))
-	took := waitFor(t, testTTL/2, "a, restarted, leads", func() bool { return again.lease.Leading() })
+	took := poll.Until(t, testTTL/2, "a, restarted, leads", func() bool { return again.lease.Leading() })
 	t.Logf("the restarted a leads %s after it started", took)
 	// Renewed, the lease stays with it.
 	time.Sleep(2 * testTTL)
@@ -258,10 +246,10 @@ func TestLeaseNodeLoss(t *testing.T) {
 	s1 := cluster.Server("s1")
 	// Told of s1 alone, and deaf to the servers s1 names: cut off once s1 is gone.
 	a := startLease(t, connect(t, s1.ClientURL(), nats.IgnoreDiscoveredServers()), LeaseConfig{ID: "a", TTL: ttl, Replicas: 3}, rec.lead("a"))
-	waitFor(t, 10*time.Second, "a leads", func() bool { return a.lease.Leading() })
+	poll.Until(t, 10*time.Second, "a leads", func() bool { return a.lease.Leading() })
 	others := cluster.Server("s2").ClientURL() + "," + cluster.Server("s3").ClientURL()
 	b := startLease(t, connect(t, others), LeaseConfig{ID: "b", TTL: ttl, Replicas: 3}, rec.lead("b"))
-	waitFor(t, 10*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
+	poll.Until(t, 10*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
 
 	cut := time.Now()
 	s1.Shutdown()
@@ -270,7 +258,7 @@ func TestLeaseNodeLoss(t *testing.T) {
 		t.Errorf("Run of the leader whose server shut down: %v, want ErrLeaseLost", err)
 	}
 	// The bucket's stream may have had its leader on s1: the takeover waits for a new one too.
-	waitFor(t, 15*time.Second, "b takes over", func() bool { return b.lease.Leading() })
+	poll.Until(t, 15*time.Second, "b takes over", func() bool { return b.lease.Leading() })
 	t.Logf("b took over %s after s1 shut down", time.Since(cut))
 	rec.checkNoOverlap(t)
 }

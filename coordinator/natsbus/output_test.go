@@ -17,6 +17,7 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -281,16 +282,13 @@ func TestEventsAckedAfterOutputStored(t *testing.T) {
 	}
 	r.chunk(id, 5, "lost?\n")
 	// The chunk is applied (its file written) but not stored: its event stays.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, err := os.ReadFile(c.out.Path(id))
-		if err == nil && bytes.Contains(b, []byte("lost?")) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the second chunk was never applied: %q %v", b, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var b []byte
+	var err error
+	if !poll.Within(10*time.Second, func() bool {
+		b, err = os.ReadFile(c.out.Path(id))
+		return err == nil && bytes.Contains(b, []byte("lost?"))
+	}) {
+		t.Fatalf("the second chunk was never applied: %q %v", b, err)
 	}
 	if n := eventsLeft(t, c.bus); n != 1 {
 		t.Fatalf("%d events in the event stream while the output stream is gone, want the chunk's", n)
@@ -316,12 +314,8 @@ func eventsLeft(t testing.TB, b *Bus) uint64 {
 // waitEvents waits until the event stream holds n events (acked ones leave it).
 func waitEvents(t testing.TB, b *Bus, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for eventsLeft(t, b) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("the event stream holds %d events, want %d", eventsLeft(t, b), n)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Within(10*time.Second, func() bool { return eventsLeft(t, b) == n }) {
+		t.Fatalf("the event stream holds %d events, want %d", eventsLeft(t, b), n)
 	}
 }
 

@@ -376,7 +376,7 @@ func TestStateReplicasSurviveLeaderLoss(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s failed for 30 s after the loss of %s: %v", what, leader.Name(), err)
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // between attempts, while a new leader is elected
 		}
 	}
 	retry("PutJob", func(ctx context.Context) error {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -30,10 +31,9 @@ func heartbeat(t *testing.T, nc *nats.Conn, c *coordinatorLife, runner, subjectP
 		return n
 	}
 	before := seen()
-	deadline := time.Now().Add(5 * time.Second)
-	for seen() == before {
-		if time.Now().After(deadline) {
-			t.Fatalf("the heartbeat of %s in %s was not counted", runner, pool)
+	poll.Until(t, 5*time.Second, fmt.Sprintf("the heartbeat of %s in %s is counted", runner, pool), func() bool {
+		if seen() != before {
+			return true
 		}
 		if err := nc.Publish(proto.HeartbeatSubject(runner, subjectPool), proto.Encode(hb)); err != nil {
 			t.Fatal(err)
@@ -41,8 +41,8 @@ func heartbeat(t *testing.T, nc *nats.Conn, c *coordinatorLife, runner, subjectP
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 func hasConsumer(t *testing.T, b *Bus, name string) bool {
