@@ -190,6 +190,8 @@ func TestWaitAndKill(t *testing.T) {
 	var buf bytes.Buffer
 	done := make(chan error, 1)
 	go func() { done <- c.Follow(ctx, id, 9, &buf) }()
+	// Let Follow begin following: nothing shows that it does, and one begun late reads the same
+	// output up to the end.
 	time.Sleep(50 * time.Millisecond)
 	j, err := c.Kill(ctx, id, "TERM")
 	if err != nil || j.Status != client.StatusAborted || j.Reason != "killed" {

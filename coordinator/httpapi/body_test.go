@@ -93,7 +93,7 @@ func TestBodyTimeoutLifted(t *testing.T) {
 	h.disp.SetRun(func(w *proto.Work) {
 		h.begin(w.JobID)
 		go func() {
-			time.Sleep(3 * timeout)
+			time.Sleep(3 * timeout) // the job outlasts the body timeout
 			h.output(w.JobID, 0, "done\n")
 			h.exit(w.JobID, 0, 5)
 		}()

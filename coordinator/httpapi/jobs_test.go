@@ -282,7 +282,7 @@ func TestJobs(t *testing.T) {
 	a := h.start(map[string]any{"command": "a", "session": "s1"}).Job.ID
 	time.Sleep(2 * time.Millisecond) // ids sort by millisecond
 	b := h.start(map[string]any{"command": "b", "session": "s2"}).Job.ID
-	time.Sleep(2 * time.Millisecond)
+	time.Sleep(2 * time.Millisecond) // likewise
 	c := h.start(map[string]any{"command": "c", "session": "s1"}).Job.ID
 
 	var got job
@@ -388,6 +388,8 @@ func TestWait(t *testing.T) {
 		t.Errorf("clamped timeout: %+v", w)
 	}
 	go func() {
+		// The exit comes while the wait waits: nothing outside the service shows that it does, and
+		// a wait begun late finds the job ended.
 		time.Sleep(50 * time.Millisecond)
 		h.exit(id, 3, 25)
 	}()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator/client"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -147,6 +148,8 @@ func TestLongPoll(t *testing.T) {
 		json.Unmarshal(r.body, &n)
 		got <- n
 	}()
+	// Let the long-poll begin waiting: nothing shows that it does, and one that began late would
+	// find the notification stored and pass without waiting.
 	time.Sleep(30 * time.Millisecond)
 	t0 := time.Now()
 	h.exit(s.Job.ID, 0, 0)
@@ -248,15 +251,11 @@ func TestEndSession(t *testing.T) {
 	if end.Session.ID != "agent-1" || end.Session.EndedAt == nil || len(end.Stopped) != 1 || end.Stopped[0] != s.Job.ID {
 		t.Fatalf("end: %s", r.body)
 	}
-	deadline := time.Now().Add(5 * time.Second)
 	var j job
-	for time.Now().Before(deadline) {
+	poll.Within(5*time.Second, func() bool {
 		h.get("/v1/jobs/"+s.Job.ID).decode(t, &j)
-		if j.Status == "aborted" {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return j.Status == "aborted"
+	})
 	if j.Status != "aborted" || j.Reason != "session_ended" {
 		t.Fatalf("job %+v", j)
 	}
