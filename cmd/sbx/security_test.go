@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -149,17 +150,15 @@ func TestCoordinatorStopsWithItsConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As under a coordinator that has been running: its consumer exists and its pull is waiting.
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		cons, err := js.Consumer(t.Context(), proto.EventStream, proto.EventConsumer)
-		if err == nil {
-			info, err := cons.Info(t.Context())
-			if err == nil && info.NumWaiting > 0 {
-				break
-			}
+	if !poll.Within(20*time.Second, func() bool {
+		var cons jetstream.Consumer
+		if cons, err = js.Consumer(t.Context(), proto.EventStream, proto.EventConsumer); err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the coordinator's consumer is not pulling: %v", err)
-		}
+		info, err := cons.Info(t.Context())
+		return err == nil && info.NumWaiting > 0
+	}) {
+		t.Fatalf("the coordinator's consumer is not pulling: %v", err)
 	}
 	if err := js.DeleteConsumer(t.Context(), proto.EventStream, proto.EventConsumer); err != nil {
 		t.Fatal(err)
