@@ -175,7 +175,7 @@ func TestTTYRequest(t *testing.T) {
 		t.Fatalf("job after resize: %+v", j)
 	}
 	var sent *proto.Control
-	for _, c := range e.disp.controls {
+	for _, c := range e.disp.Controls() {
 		if c.Op == proto.OpResize {
 			sent = c
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -19,14 +20,11 @@ func beat(boot, at time.Time, jobs ...string) *proto.Heartbeat {
 // waitKills waits until the dispatcher saw n kill requests and returns them.
 func waitKills(t *testing.T, e *env, n int) []string {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); len(e.disp.kills()) < n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("kills %v, want %d", e.disp.kills(), n)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Within(5*time.Second, func() bool { return len(e.disp.Kills()) >= n }) {
+		t.Fatalf("kills %v, want %d", e.disp.Kills(), n)
 	}
-	time.Sleep(20 * time.Millisecond) // and no more
-	return e.disp.kills()
+	time.Sleep(20 * time.Millisecond) // a window in which no more kills may come
+	return e.disp.Kills()
 }
 
 // TestLostJobFenced: a job marked lost because its runner fell silent is killed when the runner is

@@ -13,57 +13,16 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
-
-// runDispatcher is a fake Dispatcher that can withdraw queued work and records control requests.
-type runDispatcher struct {
-	mu       sync.Mutex
-	seq      uint64
-	withdraw bool
-	controls []*proto.Control
-	work     []*proto.Work
-}
-
-func (d *runDispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.work = append(d.work, w)
-	d.seq++
-	return d.seq, nil
-}
-
-func (d *runDispatcher) Withdraw(context.Context, uint64) (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.withdraw, nil
-}
-
-func (d *runDispatcher) Control(_ context.Context, _ string, c *proto.Control) (*proto.ControlReply, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.controls = append(d.controls, c)
-	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, nil
-}
-
-func (d *runDispatcher) kills() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var ids []string
-	for _, c := range d.controls {
-		if c.Op == proto.OpKill {
-			ids = append(ids, c.JobID)
-		}
-	}
-	return ids
-}
 
 // env is a Service on a store in dir, with a settable clock, run until the test ends or stop.
 type env struct {
 	t    *testing.T
 	svc  *coordinator.Service
 	clk  *clock
-	disp *runDispatcher
+	disp *coordinatortest.Dispatcher
 	stop func()
 }
 
@@ -84,7 +43,7 @@ func openEnv(t *testing.T, dir string, clk *clock, cfg coordinator.Config) *env 
 	if err != nil {
 		t.Fatal(err)
 	}
-	disp := &runDispatcher{}
+	disp := &coordinatortest.Dispatcher{}
 	svc, err := coordinator.New(t.Context(), cfg, db, terms, disp)
 	if err != nil {
 		t.Fatal(err)
@@ -173,14 +132,12 @@ func (e *env) notes(session string, after uint64) []*coordinator.Notification {
 // eventually waits up to 5 s for the session to have n notifications.
 func (e *env) eventually(session string, n int) []*coordinator.Notification {
 	e.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		notes := e.notes(session, 0)
-		if len(notes) >= n || time.Now().After(deadline) {
-			return notes
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	var notes []*coordinator.Notification
+	poll.Within(5*time.Second, func() bool {
+		notes = e.notes(session, 0)
+		return len(notes) >= n
+	})
+	return notes
 }
 
 // wantNotes checks the default session's notifications against want (as summary writes them) and
@@ -286,7 +243,7 @@ func TestObserved(t *testing.T) {
 			}
 			done <- w
 		}()
-		time.Sleep(20 * time.Millisecond)
+		poll.Until(t, 5*time.Second, "the wait is counted", func() bool { return e.svc.Observers(id) == 1 })
 		e.exit(id, proto.ReasonExit, 0, 0)
 		if w := <-done; !w.Done {
 			t.Fatalf("wait %+v", w)
@@ -298,16 +255,16 @@ func TestObserved(t *testing.T) {
 	t.Run("block_until_ms", func(t *testing.T) {
 		e := newEnv(t)
 		go func() {
-			for {
-				jobs, _ := e.svc.Jobs(context.Background(), coordinator.JobFilter{})
-				if len(jobs) > 0 {
-					e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, event(proto.EventStarted, jobs[0].ID, e.clk.Now())))
-					code := 1
-					e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: jobs[0].ID, Runner: "r1", Time: e.clk.Now(), Reason: proto.ReasonExit, ExitCode: &code}))
-					return
-				}
-				time.Sleep(time.Millisecond)
+			var jobs []*coordinator.Job
+			if !poll.Within(5*time.Second, func() bool {
+				jobs, _ = e.svc.Jobs(context.Background(), coordinator.JobFilter{})
+				return len(jobs) > 0
+			}) {
+				return // the blocking start fails the test
 			}
+			e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, event(proto.EventStarted, jobs[0].ID, e.clk.Now())))
+			code := 1
+			e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: jobs[0].ID, Runner: "r1", Time: e.clk.Now(), Reason: proto.ReasonExit, ExitCode: &code}))
 		}()
 		res, err := e.svc.Start(t.Context(), coordinator.StartRequest{Command: "false", Cwd: "/", BlockUntil: 5 * time.Second})
 		if err != nil || res.Backgrounded || res.Job.Status != coordinator.StatusFailed {
@@ -337,7 +294,7 @@ func TestObserved(t *testing.T) {
 			defer close(done)
 			e.svc.Wait(ctx, id, 5*time.Second, nil)
 		}()
-		time.Sleep(20 * time.Millisecond)
+		poll.Until(t, 5*time.Second, "the wait is counted", func() bool { return e.svc.Observers(id) == 1 })
 		// The end is applied while the wait is counted, but the waiter leaves without seeing it.
 		cancel()
 		e.exit(id, proto.ReasonExit, 0, 0)
@@ -434,6 +391,7 @@ func TestOutputWindow(t *testing.T) {
 	e.clk.advance(1500 * time.Millisecond)
 	e.eventually("default", 2)
 	e.clk.advance(1500 * time.Millisecond) // a quiet window: closed with nothing to send
+	// Let the check loop (every 5 ms) close it: nothing shows that it did.
 	time.Sleep(20 * time.Millisecond)
 	e.chunk(id, 21, "fail 4\nfail 5")
 	e.exit(id, proto.ReasonExit, 2, 34)
@@ -508,7 +466,7 @@ func TestStall(t *testing.T) {
 	id := e.start(coordinator.StartRequest{Title: "init"})
 	e.chunk(id, 0, "working\n")
 	e.clk.advance(time.Minute)
-	time.Sleep(30 * time.Millisecond)
+	time.Sleep(30 * time.Millisecond) // the check loop's runs in which no stall may be notified
 	if notes := e.notes("default", 0); len(notes) != 0 {
 		t.Fatalf("a stall without a prompt notified:\n%s", summary(notes))
 	}
@@ -519,6 +477,8 @@ func TestStall(t *testing.T) {
 		notes[0].Summary != `Async command "init" appears to be waiting for interactive input` || notes[0].Event != "working\nOverwrite config.yml? [y/N]" {
 		t.Fatalf("stall: %+v", notes)
 	}
+	// The sleeps below let the check loop run on the clock just set: in those runs the same prompt,
+	// a later one, and a monitor's prompt may not notify a stall.
 	e.clk.advance(time.Minute)
 	time.Sleep(30 * time.Millisecond)
 	e.chunk(id, 36, "\nAre you sure? ")
@@ -568,7 +528,7 @@ func TestStallPrompts(t *testing.T) {
 			if want {
 				e.eventually("default", 1)
 			} else {
-				time.Sleep(30 * time.Millisecond)
+				time.Sleep(30 * time.Millisecond) // the check loop's runs in which no stall may be notified
 			}
 			if got := len(e.notes("default", 0)) == 1; got != want {
 				t.Fatalf("stalled %v, want %v", got, want)
@@ -598,11 +558,8 @@ func TestMonitor(t *testing.T) {
 	if got := summary(notes); got != "3 monitor success \"4\\n5\"\n4 limit aborted \""+stop+"\"\n" {
 		t.Fatalf("got\n%s", got)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(e.disp.kills()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if kills := e.disp.kills(); len(kills) != 1 || kills[0] != id {
+	poll.Within(5*time.Second, func() bool { return len(e.disp.Kills()) > 0 })
+	if kills := e.disp.Kills(); len(kills) != 1 || kills[0] != id {
 		t.Fatalf("kills %v", kills)
 	}
 	e.chunk(id, 22, "8\n")
@@ -628,9 +585,8 @@ func TestMonitorStdoutOnly(t *testing.T) {
 	id := e.start(coordinator.StartRequest{
 		Monitor: true, Title: "deploy", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "FATAL", DebounceMS: 1},
 	})
-	e.disp.mu.Lock()
-	w := e.disp.work[len(e.disp.work)-1]
-	e.disp.mu.Unlock()
+	works := e.disp.Works()
+	w := works[len(works)-1]
 	if !w.SeparateStderr {
 		t.Fatal("a monitor's work does not read stderr apart")
 	}
@@ -661,9 +617,8 @@ func TestMonitorStdoutOnly(t *testing.T) {
 	}
 
 	plain := e.start(coordinator.StartRequest{})
-	e.disp.mu.Lock()
-	w = e.disp.work[len(e.disp.work)-1]
-	e.disp.mu.Unlock()
+	works = e.disp.Works()
+	w = works[len(works)-1]
 	if w.JobID != plain || w.SeparateStderr {
 		t.Fatalf("a plain job's work %+v", w)
 	}
@@ -676,7 +631,7 @@ func TestSessionEnd(t *testing.T) {
 	running := e.start(coordinator.StartRequest{Session: "s1", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "x"}})
 	e.event(&proto.Event{V: proto.Version, Kind: proto.EventAccepted, JobID: running, Runner: "r1", Time: e.clk.Now()})
 	other := e.start(coordinator.StartRequest{Session: "s2"})
-	e.disp.withdraw = true
+	e.disp.SetWithdraw(true)
 	queued, err := e.svc.Start(t.Context(), coordinator.StartRequest{Command: "sleep 1", Cwd: "/", Session: "s1"})
 	if err != nil {
 		t.Fatal(err)
@@ -685,7 +640,7 @@ func TestSessionEnd(t *testing.T) {
 	if err != nil || len(ids) != 2 {
 		t.Fatalf("end session: %v, %v", ids, err)
 	}
-	if kills := e.disp.kills(); len(kills) != 1 || kills[0] != running {
+	if kills := e.disp.Kills(); len(kills) != 1 || kills[0] != running {
 		t.Fatalf("kills %v, want %s", kills, running)
 	}
 	e.chunk(running, 0, "x\n")
@@ -719,17 +674,14 @@ func TestLease(t *testing.T) {
 	for range 3 {
 		e.clk.advance(600 * time.Millisecond)
 		e.svc.TouchSession("agent")
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the check loop's runs in which the renewed session may not end
 	}
-	if kills := e.disp.kills(); len(kills) != 0 {
+	if kills := e.disp.Kills(); len(kills) != 0 {
 		t.Fatalf("a renewed session ended: %v", kills)
 	}
 	e.clk.advance(1100 * time.Millisecond)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(e.disp.kills()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if kills := e.disp.kills(); len(kills) != 1 || kills[0] != id {
+	poll.Within(5*time.Second, func() bool { return len(e.disp.Kills()) > 0 })
+	if kills := e.disp.Kills(); len(kills) != 1 || kills[0] != id {
 		t.Fatalf("kills %v", kills)
 	}
 	st, err := e.svc.Session(t.Context(), "agent")
@@ -779,6 +731,8 @@ func TestNotificationsRead(t *testing.T) {
 		}
 		got <- notes
 	}()
+	// Let the long-poll begin waiting: nothing shows that it does, and one that began late would
+	// find the notification stored and pass without waiting.
 	time.Sleep(20 * time.Millisecond)
 	e.exit(id, proto.ReasonExit, 0, 0)
 	if notes := <-got; len(notes) != 1 || notes[0].JobID != id {

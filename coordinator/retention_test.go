@@ -9,6 +9,7 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -48,14 +49,12 @@ func runJob(t *testing.T, svc *coordinator.Service, clk *clock, out string) stri
 // gone waits until the job is removed: its record answers not found and its terminal file is gone.
 func waitGone(t *testing.T, svc *coordinator.Service, id string) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		_, err := svc.Job(t.Context(), id)
-		if coordinator.ErrorCode(err) == coordinator.ENOTFOUND {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s still there: %v", id, err)
-		}
+	var err error
+	if !poll.Within(5*time.Second, func() bool {
+		_, err = svc.Job(t.Context(), id)
+		return coordinator.ErrorCode(err) == coordinator.ENOTFOUND
+	}) {
+		t.Fatalf("job %s still there: %v", id, err)
 	}
 }
 
@@ -101,12 +100,10 @@ func TestRetentionAge(t *testing.T) {
 	}
 	// The pass removes the records first and the notifications after: wait for the pass to end.
 	var after []*coordinator.Notification
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	poll.Within(5*time.Second, func() bool {
 		after, _, err = svc.Notifications(t.Context(), coordinator.NotificationQuery{Session: "default", After: &zero})
-		if err != nil || len(after) <= 1 && svc.Stats().NotificationsRemoved > 0 || time.Now().After(deadline) {
-			break
-		}
-	}
+		return err != nil || len(after) <= 1 && svc.Stats().NotificationsRemoved > 0
+	})
 	if err != nil || len(after) != 1 || after[0].JobID != recent {
 		t.Fatalf("notifications after retention: %+v, %v; want only the recent job's", after, err)
 	}
@@ -129,10 +126,8 @@ func TestRetentionBytes(t *testing.T) {
 		t.Errorf("b and c (10 bytes together) should stay")
 	}
 	// The count drops once the pass has removed the files, just after the records: wait for it.
-	for deadline := time.Now().Add(5 * time.Second); svc.Stats().OutputStored != 10; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("output stored %d, want 10", svc.Stats().OutputStored)
-		}
+	if !poll.Within(5*time.Second, func() bool { return svc.Stats().OutputStored == 10 }) {
+		t.Fatalf("output stored %d, want 10", svc.Stats().OutputStored)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,23 +15,9 @@ import (
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
-
-// dispatcher is a fake of the Dispatcher port: it queues nothing and answers every control request.
-type dispatcher struct {
-	mu       sync.Mutex
-	controls []*proto.Control
-}
-
-func (d *dispatcher) Dispatch(context.Context, *proto.Work) (uint64, error) { return 1, nil }
-func (d *dispatcher) Withdraw(context.Context, uint64) (bool, error)        { return false, nil }
-func (d *dispatcher) Control(_ context.Context, _ string, c *proto.Control) (*proto.ControlReply, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.controls = append(d.controls, c)
-	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, nil
-}
 
 // clock is a settable Now.
 type clock struct {
@@ -58,11 +45,11 @@ func newService(t *testing.T, clk *clock) *coordinator.Service {
 // newServiceWith runs a Service with cfg on a fresh store until the test ends.
 func newServiceWith(t *testing.T, cfg coordinator.Config) *coordinator.Service {
 	t.Helper()
-	return newServiceDisp(t, cfg, &dispatcher{})
+	return newServiceDisp(t, cfg, &coordinatortest.Dispatcher{})
 }
 
 // newServiceDisp is newServiceWith with the dispatcher d.
-func newServiceDisp(t *testing.T, cfg coordinator.Config, d *dispatcher) *coordinator.Service {
+func newServiceDisp(t *testing.T, cfg coordinator.Config, d *coordinatortest.Dispatcher) *coordinator.Service {
 	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(filepath.Join(dir, "sbx.db"))
@@ -184,7 +171,9 @@ func TestWaitPatternAcrossChunks(t *testing.T) {
 	re := regexp.MustCompile(`(?m)^ready on port \d+$`)
 	go func() {
 		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("booting\nready on po")}))
-		time.Sleep(20 * time.Millisecond)
+		// The second half comes while the wait waits (were it not counted in 5 s, the wait would
+		// still find both halves).
+		poll.Within(5*time.Second, func() bool { return svc.Observers(id) == 1 })
 		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")}))
 	}()
 	w, err := svc.Wait(ctx, id, 5*time.Second, re)
@@ -327,8 +316,8 @@ func TestWaitScansIncrementally(t *testing.T) {
 // them with disk_low. Only per-job caps existed: 256 slots of 1 GiB each.
 func TestOutputBudget(t *testing.T) {
 	// open runs a service with the budget and returns its start and write helpers and its dispatcher.
-	open := func(t *testing.T, cfg coordinator.Config) (*coordinator.Service, func() (string, error), func(string, int, int), *dispatcher) {
-		d := &dispatcher{}
+	open := func(t *testing.T, cfg coordinator.Config) (*coordinator.Service, func() (string, error), func(string, int, int), *coordinatortest.Dispatcher) {
+		d := &coordinatortest.Dispatcher{}
 		svc := newServiceDisp(t, cfg, d)
 		ctx := t.Context()
 		start := func() (string, error) {
@@ -347,15 +336,8 @@ func TestOutputBudget(t *testing.T) {
 		}
 		return svc, start, write, d
 	}
-	killed := func(d *dispatcher, id string) bool {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		for _, c := range d.controls {
-			if c.JobID == id && c.Op == proto.OpKill {
-				return true
-			}
-		}
-		return false
+	killed := func(d *coordinatortest.Dispatcher, id string) bool {
+		return slices.Contains(d.Kills(), id)
 	}
 	exit := func(t *testing.T, svc *coordinator.Service, id string, size int64) {
 		t.Helper()
@@ -379,13 +361,7 @@ func TestOutputBudget(t *testing.T) {
 		write(a, 0, 600)
 		write(b, 0, 300)
 		write(b, 300, 200) // 1100 bytes in all: b wrote past the budget
-		deadline := time.Now().Add(10 * time.Second)
-		for !killed(d, b) {
-			if time.Now().After(deadline) {
-				t.Fatal("the job that wrote past the budget was not stopped")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		poll.Until(t, 10*time.Second, "the job that wrote past the budget is stopped", func() bool { return killed(d, b) })
 		if killed(d, a) {
 			t.Error("a job that wrote within the budget was stopped")
 		}
@@ -410,14 +386,12 @@ func TestOutputBudget(t *testing.T) {
 		}
 		write(a, 0, 1100)
 		exit(t, svc, a, 1100)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if _, err := start(); err == nil {
-				break
-			} else if coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET || time.Now().After(deadline) {
-				t.Fatalf("start after retention freed room: %v", err)
-			}
-			time.Sleep(5 * time.Millisecond)
+		poll.Within(10*time.Second, func() bool {
+			_, err = start()
+			return coordinator.ErrorCode(err) != coordinator.EOUTPUTBUDGET
+		})
+		if err != nil {
+			t.Fatalf("start after retention freed room: %v", err)
 		}
 	})
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -57,7 +58,15 @@ func TestExpiredWorkAsksFirst(t *testing.T) {
 	if !got["refused"] || !got["wanted"] || got["fresh"] {
 		t.Fatalf("confirmations asked for %v, want refused and wanted only", got)
 	}
-	time.Sleep(200 * time.Millisecond) // the refused work was handled before the confirmation's reply
+	info, err := h.js.Stream(t.Context(), proto.WorkStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The refused work is handled after the confirmation's reply: it leaves the stream.
+	poll.Within(10*time.Second, func() bool {
+		st, err := info.Info(t.Context())
+		return err == nil && st.State.Msgs == 0
+	})
 	if _, err := os.Stat(filepath.Join(dir, "refused")); !os.IsNotExist(err) {
 		t.Fatalf("the refused job ran (%v)", err)
 	}
@@ -67,10 +76,6 @@ func TestExpiredWorkAsksFirst(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("the refused job reported %d events", n)
 	}
-	info, err := h.js.Stream(t.Context(), proto.WorkStream)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if st, _ := info.Info(t.Context()); st.State.Msgs != 0 {
 		t.Fatalf("work stream still holds %d messages", st.State.Msgs)
 	}
@@ -78,7 +83,7 @@ func TestExpiredWorkAsksFirst(t *testing.T) {
 	// Nobody answers: the work stays queued and does not run.
 	_ = sub.Unsubscribe()
 	h.submitWork(subject, &proto.Work{JobID: "orphan", Command: "touch " + filepath.Join(dir, "orphan"), NotAfter: past})
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // a window in which it may not run
 	if _, err := os.Stat(filepath.Join(dir, "orphan")); !os.IsNotExist(err) {
 		t.Fatalf("unconfirmed work ran (%v)", err)
 	}

@@ -16,10 +16,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 	"github.com/sbx-dev/sbx/sandbox"
 )
@@ -57,20 +58,7 @@ func newHarnessWith(t *testing.T, eventBytes int64) *harness {
 		t.Skip("runner tests need root for cgroups")
 	}
 	ensureJobUser(t)
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Conn(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -353,9 +341,7 @@ func TestKillRequest(t *testing.T) {
 	h := newHarness(t)
 	r := h.startRunner(Config{})
 	id := h.submit("echo up; setsid sh -c 'sleep 1000' & sleep 1000", proto.Limits{})
-	for !strings.Contains(h.out(id), "up") {
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "the job's output shows up", func() bool { return strings.Contains(h.out(id), "up") })
 	req := proto.Encode(&proto.Control{V: proto.Version, Op: proto.OpKill, JobID: id})
 	msg, err := h.nc.Request(proto.ControlSubject(r.ID()), req, 5*time.Second)
 	if err != nil {
@@ -573,7 +559,7 @@ func TestReadonlyProbeFails(t *testing.T) {
 	// Readonly work on the readonly subject: nobody takes it.
 	queued := h.submitWork(proto.WorkSubject("default", proto.CapReadonly),
 		&proto.Work{JobID: id + "-ro", Command: "touch " + marker, Cwd: dir, Readonly: true})
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // a window in which nobody may take it
 	h.mu.Lock()
 	events := len(h.events[queued])
 	h.mu.Unlock()
@@ -599,7 +585,8 @@ func TestBackpressure(t *testing.T) {
 		return b.String() + "done\n"
 	}()
 
-	// Nothing consumes: the stream fills and the job must stall, not finish.
+	// Nothing consumes: the stream fills and the job must stall, not finish. The second is a window
+	// in which the job, were it not held back, would finish.
 	time.Sleep(time.Second)
 	info, err := h.js.Stream(t.Context(), proto.EventStream)
 	if err != nil {
@@ -662,31 +649,25 @@ func TestTTYJob(t *testing.T) {
 	}
 	awaitOut := func(id, want string) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for !strings.Contains(h.out(id), want) {
-			if time.Now().After(deadline) {
-				t.Fatalf("output never showed %q: %q", want, h.out(id))
-			}
-			time.Sleep(10 * time.Millisecond)
+		if !poll.Within(15*time.Second, func() bool { return strings.Contains(h.out(id), want) }) {
+			t.Fatalf("output never showed %q: %q", want, h.out(id))
 		}
 	}
 	awaitActivity := func(id string, ok func(*proto.Event) bool) *proto.Event {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
+		var found *proto.Event
+		poll.Until(t, 15*time.Second, "an activity event of "+id, func() bool {
 			h.mu.Lock()
+			defer h.mu.Unlock()
 			for _, e := range h.events[id] {
 				if e.Kind == proto.EventActivity && ok(e) {
-					h.mu.Unlock()
-					return e
+					found = e
+					return true
 				}
 			}
-			h.mu.Unlock()
-			if time.Now().After(deadline) {
-				t.Fatalf("no such activity event of %s", id)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return false
+		})
+		return found
 	}
 
 	id := h.submitWork(proto.WorkSubject("default", proto.CapPlain), &proto.Work{JobID: "tty-prompt", TTY: true,

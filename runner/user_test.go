@@ -100,7 +100,7 @@ func ensureJobUser(t testing.TB) {
 		if time.Now().After(deadline) {
 			t.Fatalf("create user %s: %v: %s", JobUser, err, out)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // between attempts, while another package's test holds the lock
 	}
 }
 

@@ -11,25 +11,24 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // awaitActivity polls p.Activity until ok accepts it, failing the test after a deadline.
 func awaitActivity(t *testing.T, p *Process, what string, ok func(Activity) bool) Activity {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		a, err := p.Activity()
-		if err != nil {
+	var a Activity
+	if !poll.Within(15*time.Second, func() bool {
+		var err error
+		if a, err = p.Activity(); err != nil {
 			t.Fatal(err)
 		}
-		if ok(a) {
-			return a
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never saw %s; last %+v", what, a)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return ok(a)
+	}) {
+		t.Fatalf("never saw %s; last %+v", what, a)
 	}
+	return a
 }
 
 // TestActivityWaitingForInput: a job blocked reading its input — a pipe or a terminal, by read(2)
@@ -87,16 +86,12 @@ func TestActivityOtherPipe(t *testing.T) {
 		t.Cleanup(func() { p.Kill(); p.Wait() })
 		drain(t, p.Output())
 		// Wait until bash is blocked in read(2) on its descriptor 0, the fifo.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			b, _ := os.ReadFile("/proc/" + strconv.Itoa(p.Pid()) + "/syscall")
-			if strings.HasPrefix(string(b), strconv.Itoa(syscall.SYS_READ)+" 0x0 ") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("bash never blocked reading the fifo: %q", b)
-			}
-			time.Sleep(10 * time.Millisecond)
+		var b []byte
+		if !poll.Within(10*time.Second, func() bool {
+			b, _ = os.ReadFile("/proc/" + strconv.Itoa(p.Pid()) + "/syscall")
+			return strings.HasPrefix(string(b), strconv.Itoa(syscall.SYS_READ)+" 0x0 ")
+		}) {
+			t.Fatalf("bash never blocked reading the fifo: %q", b)
 		}
 		a, err := p.Activity()
 		if err != nil {

@@ -1,9 +1,16 @@
 package sandbox
 
 import (
+	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // TestKillGraceCoversJob: a kill's SIGTERM reaches every process of the job, also one in its own
@@ -20,7 +27,10 @@ echo started; wait`
 			t.Fatal(err)
 		}
 		out := drain(t, p.Output())
-		time.Sleep(300 * time.Millisecond) // the traps are set
+		poll.Until(t, 5*time.Second, "the child and the daemon trap TERM", func() bool {
+			daemons, job := sigTERM(t, p, "SigCgt")
+			return daemons > 0 && job > 0
+		})
 		t0 := time.Now()
 		if err := p.Kill(); err != nil {
 			t.Fatal(err)
@@ -53,7 +63,7 @@ func TestKillGraceEnds(t *testing.T) {
 			t.Fatal(err)
 		}
 		out := drain(t, p.Output())
-		time.Sleep(200 * time.Millisecond)
+		poll.Until(t, 5*time.Second, "the daemon ignores TERM", func() bool { daemons, _ := sigTERM(t, p, "SigIgn"); return daemons > 0 })
 		t0 := time.Now()
 		p.Kill()
 		if _, err := p.Wait(); err != nil {
@@ -151,6 +161,7 @@ func TestLinger(t *testing.T) {
 			t.Fatal(err)
 		}
 		drained := drain(t, p.Output())
+		// Let the shell exit and its child tick: the output, read only at the end, shows no tick before.
 		time.Sleep(200 * time.Millisecond)
 		p.Kill()
 		res, err := p.Wait()
@@ -161,4 +172,41 @@ func TestLinger(t *testing.T) {
 			t.Error("no output from the lingering child")
 		}
 	})
+}
+
+// sigTERM counts the processes of p's cgroup whose signal mask field of /proc/PID/status (SigCgt:
+// caught, SigIgn: ignored) holds SIGTERM, where a trap set is seen: those that lead a session of
+// their own (a setsid daemon), and those in the session of p's main process. A shell's child forked
+// and not yet exec'd holds its shell's trap: a daemon's is in neither count, a job shell's counts
+// only once that shell set it.
+func sigTERM(t testing.TB, p *Process, field string) (daemons, job int) {
+	t.Helper()
+	jobSid, err := unix.Getsid(p.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range groupPids(t, p) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		if err != nil {
+			continue // exited since the list
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			hex, ok := strings.CutPrefix(line, field+":")
+			if !ok {
+				continue
+			}
+			mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			if err != nil || mask&(1<<(syscall.SIGTERM-1)) == 0 {
+				continue
+			}
+			switch sid, err := unix.Getsid(pid); {
+			case err != nil:
+			case sid == pid:
+				daemons++
+			case sid == jobSid:
+				job++
+			}
+		}
+	}
+	return daemons, job
 }

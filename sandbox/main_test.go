@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/containerd/cgroups/v3"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 func TestMain(m *testing.M) {
@@ -48,10 +50,9 @@ func fakeRunner(cfg string) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if m.warm != nil {
-		for len(m.warm.ready) < cap(m.warm.ready) {
-			time.Sleep(5 * time.Millisecond)
-		}
+	if m.warm != nil && !poll.Within(10*time.Second, func() bool { return len(m.warm.ready) == cap(m.warm.ready) }) {
+		fmt.Fprintf(os.Stderr, "warm pool holds %d of %d after 10s\n", len(m.warm.ready), cap(m.warm.ready))
+		os.Exit(1)
 	}
 	spec := sh("orphan", "sleep 1000")
 	spec.Credential = cred
@@ -62,7 +63,7 @@ func fakeRunner(cfg string) {
 	}
 	fmt.Println(p.Pid())
 	for {
-		time.Sleep(time.Hour)
+		time.Sleep(time.Hour) // until the test kills this process
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // TestJobsIsolated: a plain job cannot see, read or signal another job's processes, though both run
@@ -111,13 +113,13 @@ func TestSignalReachesJob(t *testing.T) {
 				if err := p.Signal(step.sig); err != nil {
 					t.Fatal(err)
 				}
-				deadline := time.Now().Add(5 * time.Second)
-				for st := state(); st != step.want && !(step.want == "R" && st == "S"); st = state() {
-					if time.Now().After(deadline) {
-						p.Kill()
-						t.Fatalf("after %v the job's shell is in state %s, want %s", step.sig, st, step.want)
-					}
-					time.Sleep(5 * time.Millisecond)
+				var st string
+				if !poll.Within(5*time.Second, func() bool {
+					st = state()
+					return st == step.want || step.want == "R" && st == "S"
+				}) {
+					p.Kill()
+					t.Fatalf("after %v the job's shell is in state %s, want %s", step.sig, st, step.want)
 				}
 			}
 			if err := p.Signal(syscall.SIGUSR1); err != nil {

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 func TestRun(t *testing.T) {
@@ -111,11 +113,8 @@ sleep 1000`
 					t.Fatalf("first line %q, %v", line, err)
 				}
 				var pids []int
-				for deadline := time.Now().Add(5 * time.Second); len(pids) < 6; time.Sleep(10 * time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatalf("tree did not grow: %v", pids)
-					}
-					pids = groupPids(t, p)
+				if !poll.Within(5*time.Second, func() bool { pids = groupPids(t, p); return len(pids) >= 6 }) {
+					t.Fatalf("tree did not grow: %v", pids)
 				}
 				rest := drain(t, r)
 				begin := time.Now()
@@ -235,10 +234,8 @@ func jobDiesWithRunner(t *testing.T, cfg Config, warm int, cred *Credential) {
 	}
 	runner.Process.Kill()
 	runner.Wait()
-	for deadline := time.Now().Add(5 * time.Second); !gone(pid); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("job %d outlived its runner", pid)
-		}
+	if !poll.Within(5*time.Second, func() bool { return gone(pid) }) {
+		t.Fatalf("job %d outlived its runner", pid)
 	}
 	// What a restarted runner does: the dead runner's cgroups (the job's, and any warm steps') are
 	// still there.
@@ -282,7 +279,7 @@ func TestOutputBackpressure(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // a window in which the job, were its output not held, would finish
 		select {
 		case <-p.done:
 			t.Fatal("job finished although nobody read its output")

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // screen collects a job's output in the background, for tests that answer what it shows.
@@ -45,12 +47,8 @@ func (s *screen) String() string {
 // await polls until the output holds want, failing the test after a deadline.
 func (s *screen) await(t *testing.T, want string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(s.String(), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("output never showed %q; it is %q", want, s.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !poll.Within(10*time.Second, func() bool { return strings.Contains(s.String(), want) }) {
+		t.Fatalf("output never showed %q; it is %q", want, s.String())
 	}
 }
 

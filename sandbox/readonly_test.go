@@ -19,8 +19,9 @@ import (
 
 	"github.com/containerd/cgroups/v3"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"github.com/sbx-dev/sbx/sandbox/sandboxtest"
 	"golang.org/x/sys/unix"
+
+	"github.com/sbx-dev/sbx/sandbox/sandboxtest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")

@@ -7,16 +7,15 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // waitWarm waits until m's warm pool is full.
 func waitWarm(t testing.TB, m *Manager) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); len(m.warm.ready) < cap(m.warm.ready); {
-		if time.Now().After(deadline) {
-			t.Fatalf("warm pool holds %d of %d after 10s", len(m.warm.ready), cap(m.warm.ready))
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Within(10*time.Second, func() bool { return len(m.warm.ready) == cap(m.warm.ready) }) {
+		t.Fatalf("warm pool holds %d of %d after 10s", len(m.warm.ready), cap(m.warm.ready))
 	}
 }
 

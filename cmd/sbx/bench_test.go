@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
+	"github.com/sbx-dev/sbx/internal/natstest"
 )
 
 // percentile returns the p-th percentile (0-100) of durations, in milliseconds.
@@ -204,7 +204,7 @@ func BenchmarkJobsPerSecond(b *testing.B) {
 func BenchmarkJobsPerSecondFleet(b *testing.B) {
 	for _, n := range []int{1, 2} {
 		b.Run(fmt.Sprintf("coordinators-%d", n), func(b *testing.B) {
-			ns, _ := coordinatortest.StartServer(b)
+			ns := natstest.Server(b)
 			var cs []*client.Client
 			for range n {
 				_, c := startFleetCoordinator(b, ns.ClientURL())

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -45,31 +46,32 @@ func startRunnerProcess(t *testing.T, c *client.Client, natsURL, id string) *exe
 // process pid died no later than that, within limit of since.
 func fencedWithin(t *testing.T, c *client.Client, id string, pid int, since time.Time, limit time.Duration) {
 	t.Helper()
-	var died time.Time
-	for {
-		alive := processAlive(pid)
+	var (
+		died  time.Time
+		alive bool
+		j     *client.Job
+		err   error
+	)
+	if !poll.Within(time.Until(since.Add(limit+5*time.Second)), func() bool {
+		alive = processAlive(pid)
 		if !alive && died.IsZero() {
 			died = time.Now()
 		}
-		j, err := c.Job(t.Context(), id)
-		if err == nil && ended(j) {
-			if alive {
-				t.Fatalf("job %s %s after %s while its process still ran", j.Status, j.Reason, time.Since(since).Round(10*time.Millisecond))
-			}
-			t.Logf("job %s %s %s after the runner's fault; its process died %s after it",
-				j.Status, j.Reason, time.Since(since).Round(10*time.Millisecond), died.Sub(since).Round(10*time.Millisecond))
-			if j.Status != "aborted" || j.Reason != "lost" {
-				t.Fatalf("job %+v, want aborted, lost", j)
-			}
-			if took := time.Since(since); took > limit {
-				t.Fatalf("lost after %s, want within %s", took, limit)
-			}
-			return
-		}
-		if time.Since(since) > limit+5*time.Second {
-			t.Fatalf("job %s not ended %s after the runner's fault: %+v, %v (its process alive: %v)", id, time.Since(since), j, err, alive)
-		}
-		time.Sleep(20 * time.Millisecond)
+		j, err = c.Job(t.Context(), id)
+		return err == nil && ended(j)
+	}) {
+		t.Fatalf("job %s not ended %s after the runner's fault: %+v, %v (its process alive: %v)", id, time.Since(since), j, err, alive)
+	}
+	if alive {
+		t.Fatalf("job %s %s after %s while its process still ran", j.Status, j.Reason, time.Since(since).Round(10*time.Millisecond))
+	}
+	t.Logf("job %s %s %s after the runner's fault; its process died %s after it",
+		j.Status, j.Reason, time.Since(since).Round(10*time.Millisecond), died.Sub(since).Round(10*time.Millisecond))
+	if j.Status != "aborted" || j.Reason != "lost" {
+		t.Fatalf("job %+v, want aborted, lost", j)
+	}
+	if took := time.Since(since); took > limit {
+		t.Fatalf("lost after %s, want within %s", took, limit)
 	}
 }
 
@@ -100,13 +102,8 @@ func TestKilledRunnerFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	for processAlive(pid) {
-		if time.Since(killed) > 5*time.Second {
-			t.Fatal("the job of a runner killed by kill -9 still runs 5 s later")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("the job died %s after its runner", time.Since(killed).Round(10*time.Millisecond))
+	took := poll.Until(t, 5*time.Second, "the job of a runner killed by kill -9 dies", func() bool { return !processAlive(pid) })
+	t.Logf("the job died %s after its runner", took.Round(10*time.Millisecond))
 	fencedWithin(t, c, id, pid, killed, 10*time.Second)
 }
 

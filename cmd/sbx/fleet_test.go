@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -54,15 +56,7 @@ func (n *restartableNATS) start() { n.t.Helper(); n.startWith(true) }
 // startWith starts the server, with JetStream or without.
 func (n *restartableNATS) startWith(jetStream bool) {
 	n.t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: jetStream, StoreDir: n.store, NoSigs: true})
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		n.t.Fatal("nats did not start")
-	}
-	n.ns = ns
+	n.ns = natstest.Run(n.t, &server.Options{Host: "127.0.0.1", Port: n.port, JetStream: jetStream, StoreDir: n.store})
 }
 
 // withJetStream calls f with a JetStream client of its own connection, closed when f returns.
@@ -188,35 +182,40 @@ func startFleetRunner(t testing.TB, natsURL, id string, extra ...string) *part {
 // waitRunner waits until the coordinator lists the runner and returns it.
 func waitRunner(t testing.TB, c *client.Client, id string) client.Runner {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		rs, err := c.Runners(t.Context())
+	var (
+		rs    []client.Runner
+		err   error
+		found client.Runner
+	)
+	if !poll.Within(30*time.Second, func() bool {
+		rs, err = c.Runners(t.Context())
 		for _, r := range rs {
 			if r.ID == id {
-				return r
+				found = r
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("runner %s did not join: %v %+v", id, err, rs)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("runner %s did not join: %v %+v", id, err, rs)
 	}
+	return found
 }
 
 // waitStatus polls a job until cond holds, failing after timeout.
 func waitStatus(t *testing.T, c *client.Client, id string, timeout time.Duration, cond func(*client.Job) bool) *client.Job {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		j, err := c.Job(t.Context(), id)
-		if err == nil && cond(j) {
-			return j
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s: %+v, %v after %s", id, j, err, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var (
+		j   *client.Job
+		err error
+	)
+	if !poll.Within(timeout, func() bool {
+		j, err = c.Job(t.Context(), id)
+		return err == nil && cond(j)
+	}) {
+		t.Fatalf("job %s: %+v, %v after %s", id, j, err, timeout)
 	}
+	return j
 }
 
 func ended(j *client.Job) bool {
@@ -262,11 +261,11 @@ func TestNATSOutage(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatal(err)
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // between attempts, while the coordinator reconnects
 		}
 	}
 	waitStatus(t, c, ok.Job.ID, 30*time.Second, ended)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // a window in which the refused command may not run
 	if _, err := os.Stat(marker); !os.IsNotExist(err) {
 		t.Fatalf("the refused command ran (%v)", err)
 	}
@@ -291,12 +290,9 @@ func TestStartBeforeNATS(t *testing.T) {
 	r := startFleetRunner(t, n.url(), "early", "--label", "zone=a", "--label", "disk=ssd")
 	data := filepath.Join(t.TempDir(), "not", "yet", "there")
 	coord := startPart(t, "coordinator", "--nats", n.url(), "--listen", "127.0.0.1:0", "--data", data)
-	for deadline := time.Now().Add(10 * time.Second); !r.logged("waiting for NATS") || !coord.logged("waiting for NATS"); {
-		if time.Now().After(deadline) {
-			t.Fatal("runner and coordinator did not say they wait for NATS")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "runner and coordinator say they wait for NATS", func() bool {
+		return r.logged("waiting for NATS") && coord.logged("waiting for NATS")
+	})
 	select {
 	case err := <-r.done:
 		t.Fatalf("the runner exited without NATS: %v", err)
@@ -480,16 +476,15 @@ func startSpinner(t *testing.T, c *client.Client) (id string, pid int) {
 		t.Fatal(err)
 	}
 	j := waitStatus(t, c, res.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" && j.Pid != nil })
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		b, _ := os.ReadFile(filepath.Join(dir, "pid"))
-		if _, err = strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-			return res.Job.ID, *j.Pid
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the job wrote no pid: %q", b)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var b []byte
+	if !poll.Within(10*time.Second, func() bool {
+		b, _ = os.ReadFile(filepath.Join(dir, "pid"))
+		_, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil
+	}) {
+		t.Fatalf("the job wrote no pid: %q", b)
 	}
+	return res.Job.ID, *j.Pid
 }
 
 // processAlive reports whether pid runs (a zombie counts as gone).
@@ -523,15 +518,9 @@ func TestLostJobKilledOnReturn(t *testing.T) {
 		t.Fatal("the job died before its runner came back: the test shows nothing")
 	}
 	proxy.resume()
-	resumed := time.Now()
-	for processAlive(pid) {
-		if time.Since(resumed) > 10*time.Second {
-			t.Fatal("the job marked lost still runs 10 s after its runner came back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("killed %s after the runner came back", time.Since(resumed).Round(10*time.Millisecond))
-	time.Sleep(time.Second) // the runner's exit event arrives and is dropped
+	took := poll.Until(t, 10*time.Second, "the job marked lost is killed after its runner came back", func() bool { return !processAlive(pid) })
+	t.Logf("killed %s after the runner came back", took.Round(10*time.Millisecond))
+	time.Sleep(time.Second) // a window in which the runner's exit event arrives and may not change the job
 	if j, err := c.Job(t.Context(), id); err != nil || j.Status != "aborted" || j.Reason != "lost" {
 		t.Fatalf("after the runner's return: %+v, %v; want still aborted, lost", j, err)
 	}
@@ -548,14 +537,8 @@ func TestRunnerFencesItself(t *testing.T) {
 	id, pid := startSpinner(t, c)
 
 	proxy.stall()
-	cut := time.Now()
-	for processAlive(pid) {
-		if time.Since(cut) > 10*time.Second {
-			t.Fatal("the cut-off runner did not kill its job within 10 s (deadline 2 s)")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("the runner killed its job %s after it was cut off (deadline 2 s)", time.Since(cut).Round(10*time.Millisecond))
+	took := poll.Until(t, 10*time.Second, "the cut-off runner kills its job (deadline 2 s)", func() bool { return !processAlive(pid) })
+	t.Logf("the runner killed its job %s after it was cut off (deadline 2 s)", took.Round(10*time.Millisecond))
 	if j, err := c.Job(t.Context(), id); err != nil || j.Status != "running" {
 		t.Fatalf("job %+v, %v: the coordinator (deadline 1 h) should not have decided yet", j, err)
 	}
@@ -580,12 +563,7 @@ func TestDrainShown(t *testing.T) {
 	}
 	waitStatus(t, c, res.Job.ID, 30*time.Second, func(j *client.Job) bool { return j.Status == "running" })
 	r.cancel() // what SIGTERM does
-	for deadline := time.Now().Add(10 * time.Second); !waitRunner(t, c, "drainer").Draining; {
-		if time.Now().After(deadline) {
-			t.Fatal("GET /v1/runners does not say draining")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "GET /v1/runners says draining", func() bool { return waitRunner(t, c, "drainer").Draining })
 	if j := waitStatus(t, c, res.Job.ID, 30*time.Second, ended); j.Status != "succeeded" {
 		t.Fatalf("the job running when the drain began: %+v", j)
 	}
@@ -617,7 +595,7 @@ func TestAmbiguousPublish(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the coordinator never got ready")
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // between attempts, each a job
 	}
 
 	// 1. The ack is held past the publish timeout, then let through: settled by withdrawal.
@@ -642,22 +620,14 @@ func TestAmbiguousPublish(t *testing.T) {
 	// A runner joins: it runs the job queued before all this, and nothing else.
 	startFleetRunner(t, n.url(), "late")
 	waitRunner(t, c, "late")
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the job queued before the faults never ran")
-		}
-		time.Sleep(50 * time.Millisecond)
+	poll.Until(t, 30*time.Second, "the job queued before the faults runs", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "ready"))
+		return err == nil
+	})
+	if !poll.Within(15*time.Second, func() bool { return n.msgs(proto.WorkStream) == 0 }) {
+		t.Fatalf("the work stream still holds %d messages", n.msgs(proto.WorkStream))
 	}
-	for deadline := time.Now().Add(15 * time.Second); n.msgs(proto.WorkStream) != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the work stream still holds %d messages", n.msgs(proto.WorkStream))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // a window in which the refused starts may not run
 	for _, name := range []string{"withdrawn", "expired"} {
 		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
 			t.Errorf("the refused start %q ran (%v)", name, err)
@@ -694,11 +664,10 @@ func TestCoordinatorCutOff(t *testing.T) {
 		j   *client.Job
 		err error
 	)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if j, err = c.Job(t.Context(), id); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+	poll.Within(10*time.Second, func() bool {
+		j, err = c.Job(t.Context(), id)
+		return err == nil
+	})
 	if err != nil || j.Status != "running" {
 		t.Fatalf("job %+v, %v after the coordinator's own link was cut; want still running", j, err)
 	}
@@ -717,12 +686,9 @@ func TestJetStreamLate(t *testing.T) {
 	n.startWith(false)
 	r := startFleetRunner(t, n.url(), "patient")
 	coord := startPart(t, "coordinator", "--nats", n.url(), "--listen", "127.0.0.1:0", "--data", t.TempDir())
-	for deadline := time.Now().Add(20 * time.Second); !coord.logged("waiting for JetStream") || !r.logged("waiting for JetStream"); {
-		if time.Now().After(deadline) {
-			t.Fatal("the coordinator and the runner did not say they wait for JetStream")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Until(t, 20*time.Second, "the coordinator and the runner say they wait for JetStream", func() bool {
+		return coord.logged("waiting for JetStream") && r.logged("waiting for JetStream")
+	})
 	select {
 	case err := <-coord.done:
 		t.Fatalf("the coordinator exited: %v", err)

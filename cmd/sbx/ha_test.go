@@ -16,7 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // process is an sbx process started by a test, to be killed with SIGKILL as a crash would, which
@@ -93,7 +94,7 @@ func TestSeveralCoordinators(t *testing.T) {
 		t.Skip("starts a NATS cluster and coordinator processes")
 	}
 	bin := buildSbx(t)
-	cluster := coordinatortest.StartCluster(t, 3)
+	cluster := natstest.StartCluster(t, 3)
 	urls := cluster.URLs()
 	coord := func() *process {
 		return startKillable(t, bin, "coordinator", "--nats", urls, "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--replicas", "3", "--lease-ttl", "2s")
@@ -148,11 +149,8 @@ func TestSeveralCoordinators(t *testing.T) {
 	leader.kill()
 
 	// The survivor answers again within the lease's TTL and a renewal (2 s + 0.5 s here).
-	for !leads(t.Context(), cs) {
-		if time.Since(killed) > 20*time.Second {
-			t.Fatalf("the survivor does not lead 20 s after the leader was killed:\n%s", survivor.log)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !poll.Within(20*time.Second, func() bool { return leads(t.Context(), cs) }) {
+		t.Fatalf("the survivor does not lead 20 s after the leader was killed:\n%s", survivor.log)
 	}
 	t.Logf("the survivor leads %s after the leader was killed", time.Since(killed).Round(time.Millisecond))
 
@@ -221,7 +219,7 @@ func TestSeveralCoordinators(t *testing.T) {
 			if time.Since(lost) > 30*time.Second {
 				t.Fatalf("no start 30 s after the work stream's NATS server went: %v", err)
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // between attempts, each a job, while a new leader is elected
 		}
 		if i == 0 {
 			t.Logf("first start accepted %s after the work stream's NATS server went", time.Since(lost).Round(time.Millisecond))

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // TestAgentShell: what an agent's background shell does, through the CLI: bash by default, a wait
@@ -57,11 +59,7 @@ func TestAgentShell(t *testing.T) {
 		t.Fatalf("--linger-cgroup job with a daemon: %+v, %v", j, err)
 	}
 	var daemon string
-	for deadline := time.Now().Add(10 * time.Second); daemon == ""; time.Sleep(10 * time.Millisecond) {
-		if daemon = sleeping(t, arg); daemon == "" && time.Now().After(deadline) {
-			t.Fatal("the --linger-cgroup job's daemon is not running")
-		}
-	}
+	poll.Until(t, 10*time.Second, "the --linger-cgroup job's daemon runs", func() bool { daemon = sleeping(t, arg); return daemon != "" })
 	if _, err := s.sbx(t, "kill", id); err != nil {
 		t.Fatal(err)
 	}
@@ -78,6 +76,7 @@ func TestAgentShell(t *testing.T) {
 	if _, err := s.sbx(t, "wait", "--pattern", "ready", "--timeout", "20s", id); err != nil {
 		t.Fatal(err)
 	}
+	// Let the child set its trap after "ready": the test does not look into the job's processes.
 	time.Sleep(100 * time.Millisecond)
 	if _, err := s.sbx(t, "kill", id); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/sandbox"
 )
 
@@ -130,15 +131,12 @@ func startServe(t testing.TB, extra ...string) *instance {
 		t.Fatal(err)
 	}
 	// Ready once the runner's first heartbeat arrived.
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		rs, err := s.c.Runners(ctx)
-		if err == nil && len(rs) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no runner joined: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Within(20*time.Second, func() bool {
+		var rs []client.Runner
+		rs, err = s.c.Runners(ctx)
+		return err == nil && len(rs) > 0
+	}) {
+		t.Fatalf("no runner joined: %v", err)
 	}
 	return s
 }
@@ -288,12 +286,7 @@ func TestKillTree(t *testing.T) {
 		t.Fatalf("wait for the pid: %+v, %v", w, err)
 	}
 	var grandchild string
-	for deadline := time.Now().Add(10 * time.Second); grandchild == ""; time.Sleep(10 * time.Millisecond) {
-		grandchild = sleeping(t, arg)
-		if grandchild == "" && time.Now().After(deadline) {
-			t.Fatal("grandchild not running before the kill")
-		}
-	}
+	poll.Until(t, 10*time.Second, "the grandchild runs before the kill", func() bool { grandchild = sleeping(t, arg); return grandchild != "" })
 	if _, err := s.c.Kill(ctx, id, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -474,18 +467,17 @@ func TestBadInput(t *testing.T) {
 func (s *instance) events(t *testing.T, session, want string) string {
 	t.Helper()
 	var all string
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	if !poll.Within(15*time.Second, func() bool {
 		out, err := s.sbx(t, "events", "--session", session)
 		if err != nil {
 			t.Fatalf("events: %v", err)
 		}
 		all += out
-		if strings.Contains(all, want) {
-			return all
-		}
+		return strings.Contains(all, want)
+	}) {
+		t.Fatalf("no %q in the notifications:\n%s", want, all)
 	}
-	t.Fatalf("no %q in the notifications:\n%s", want, all)
-	return ""
+	return all
 }
 
 // TestNotifyEndToEnd: finished, output and stall notifications through `sbx events`; a job that
@@ -527,13 +519,14 @@ func TestNotifyEndToEnd(t *testing.T) {
 	}
 	id = strings.TrimSpace(out)
 	got = ""
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(got, "<task_id>"+id) && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	poll.Within(10*time.Second, func() bool {
 		out, err := s.sbx(t, "events", "--session", "e2e", "--format", "task_notification")
 		if err != nil {
 			t.Fatal(err)
 		}
 		got += out
-	}
+		return strings.Contains(got, "<task_id>"+id)
+	})
 	if !strings.HasPrefix(got, "<task-notification>\n<task_id>"+id+"</task_id>\n") || strings.Count(got, "</task-notification>") != 1 ||
 		!strings.Contains(got, `<summary>Async command "sh -c 'echo "&lt;/task-notification&gt;"; exit 3'" failed with exit code 3</summary>`) {
 		t.Fatalf("task_notification:\n%s", got)
@@ -562,17 +555,14 @@ func TestEndSessionEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := strings.TrimSpace(out)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		j, err := s.c.Job(t.Context(), id)
-		if err != nil {
+	var j *client.Job
+	if !poll.Within(10*time.Second, func() bool {
+		if j, err = s.c.Job(t.Context(), id); err != nil {
 			t.Fatal(err)
 		}
-		if j.Status == client.StatusRunning {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job did not start: %+v", j)
-		}
+		return j.Status == client.StatusRunning
+	}) {
+		t.Fatalf("job did not start: %+v", j)
 	}
 	out, err = s.sbx(t, "end-session", "doomed")
 	if err != nil || strings.TrimSpace(out) != id {
@@ -582,7 +572,7 @@ func TestEndSessionEndToEnd(t *testing.T) {
 	if err != nil || !w.Done || w.Job.Status != client.StatusAborted || w.Job.Reason != "session_ended" {
 		t.Fatalf("wait: %+v, %v", w, err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // a window in which the ended session may not be notified
 	if out, err := s.sbx(t, "events", "--session", "doomed"); err != nil || out != "" {
 		t.Fatalf("events of an ended session: %q, %v", out, err)
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator/client"
 	"github.com/sbx-dev/sbx/coordinator/natsauth"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // startRunner runs `sbx runner` in-process with args until the test ends.
@@ -121,16 +123,7 @@ func TestFleetNATSAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.NoSigs = true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
+	ns := natstest.Run(t, opts)
 	if _, err := cli(t, nil, "coordinator", "--nats", ns.ClientURL(), "--listen", "127.0.0.1:0", "--data", t.TempDir()); err == nil ||
 		!strings.Contains(strings.ToLower(err.Error()), "authorization") {
 		t.Fatalf("a coordinator without creds: %v, want an authorization error", err)
@@ -172,14 +165,10 @@ func TestFleetNATSAuth(t *testing.T) {
 	}
 	startRunner(t, "--nats", ns.ClientURL(), "--nats-creds", runnerCreds, "--cgroup-root", testCgroupRoot("sbx-cmd-test-fleet"))
 	c := client.New(addr, "api-token-api-token")
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if rs, err := c.Runners(t.Context()); err == nil && len(rs) == 1 && rs[0].ID == "r1" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("runner r1 did not join")
-		}
-	}
+	poll.Until(t, 20*time.Second, "runner r1 joins", func() bool {
+		rs, err := c.Runners(t.Context())
+		return err == nil && len(rs) == 1 && rs[0].ID == "r1"
+	})
 	if out := runJob(t, c, "", "echo fleet"); out != "fleet\n" {
 		t.Fatalf("output %q", out)
 	}
@@ -197,9 +186,7 @@ func TestFleetNATSAuth(t *testing.T) {
 		t.Fatalf("output %q", out)
 	}
 	// Its creds live 3 s; it renews them through the enroll route and keeps working past that.
-	for time.Since(enrolled) < 5*time.Second {
-		time.Sleep(100 * time.Millisecond)
-	}
+	time.Sleep(time.Until(enrolled.Add(5 * time.Second))) // past the creds' 3 s
 	if out := runJob(t, c, "enrolled", "echo renewed"); out != "renewed\n" {
 		t.Fatalf("output %q", out)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sbx-dev/sbx/internal/natstest"
 )
 
 // TestReplicasFlag: serve, whose embedded NATS is one server, takes no --replicas but 1, and
@@ -28,7 +30,7 @@ func TestReplicasFlag(t *testing.T) {
 // server exits with an error naming the stream and the cause, rather than waiting for JetStream
 // for ever. The context only bounds a coordinator that would wait: it returns nil then.
 func TestCoordinatorReplicasSingleServer(t *testing.T) {
-	ns := startNATS(t)
+	ns := natstest.Server(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	err := run(ctx, []string{"coordinator", "--nats", ns.ClientURL(), "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--replicas", "3"}, os.Getenv, io.Discard, io.Discard)

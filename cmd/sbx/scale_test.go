@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/client"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // buildSbx builds the sbx binary for a test, or returns $SBX_TEST_BINARY, one built beforehand (the
@@ -73,7 +75,7 @@ func TestScaleOut(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("runners need root for cgroups")
 	}
-	ns := startNATS(t)
+	ns := natstest.Server(t)
 	bin := buildSbx(t)
 	url := ns.ClientURL()
 	lines := startProcess(t, bin, "coordinator", "--nats", url, "--listen", "127.0.0.1:0", "--data", t.TempDir())
@@ -91,15 +93,15 @@ func TestScaleOut(t *testing.T) {
 	c := client.New(addr, "")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	for {
-		rs, err := c.Runners(ctx)
-		if err == nil && len(rs) == 2 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("runners did not join: %v %v", rs, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var (
+		rs  []client.Runner
+		err error
+	)
+	if !poll.Within(2*time.Minute, func() bool {
+		rs, err = c.Runners(ctx)
+		return err == nil && len(rs) == 2
+	}) {
+		t.Fatalf("runners did not join: %v %v", rs, err)
 	}
 
 	var ids []string

@@ -19,10 +19,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -36,26 +37,11 @@ type coordinatorRun struct {
 	err    error
 }
 
-// startNATS starts a JetStream server on a random port until the test ends.
-func startNATS(t *testing.T) *server.Server {
-	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
-	return ns
-}
-
 // startCoordinator runs `sbx coordinator` with extra flags and waits for its ready line. It needs
 // no root: no runner is started.
 func startCoordinator(t *testing.T, data string, extra ...string) *coordinatorRun {
 	t.Helper()
-	ns := startNATS(t)
+	ns := natstest.Server(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &lineWriter{first: make(chan string, 1)}
 	args := append([]string{"coordinator", "--nats", ns.ClientURL(), "--listen", "127.0.0.1:0", "--data", data}, extra...)
@@ -164,17 +150,15 @@ func TestCoordinatorStopsWithItsConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As under a coordinator that has been running: its consumer exists and its pull is waiting.
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		cons, err := js.Consumer(t.Context(), proto.EventStream, proto.EventConsumer)
-		if err == nil {
-			info, err := cons.Info(t.Context())
-			if err == nil && info.NumWaiting > 0 {
-				break
-			}
+	if !poll.Within(20*time.Second, func() bool {
+		var cons jetstream.Consumer
+		if cons, err = js.Consumer(t.Context(), proto.EventStream, proto.EventConsumer); err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the coordinator's consumer is not pulling: %v", err)
-		}
+		info, err := cons.Info(t.Context())
+		return err == nil && info.NumWaiting > 0
+	}) {
+		t.Fatalf("the coordinator's consumer is not pulling: %v", err)
 	}
 	if err := js.DeleteConsumer(t.Context(), proto.EventStream, proto.EventConsumer); err != nil {
 		t.Fatal(err)

@@ -64,7 +64,7 @@ func ensureJobUser() error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("create user %s: %v: %s", runner.JobUser, err, out)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // between attempts, while another package's test holds the lock
 	}
 }
 

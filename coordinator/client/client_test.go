@@ -21,46 +21,18 @@ import (
 	"github.com/sbx-dev/sbx/proto"
 )
 
-// fakeDispatcher stands in for the runners: Dispatch calls run, which may play a runner's events
-// back into the service; Control ends the job as killed.
-type fakeDispatcher struct {
-	mu  sync.Mutex
-	seq uint64
-	run func(*proto.Work)
-	svc *coordinator.Service
-}
-
-func (d *fakeDispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, error) {
-	d.mu.Lock()
-	d.seq++
-	seq, run := d.seq, d.run
-	d.mu.Unlock()
-	if run != nil {
-		run(w)
-	}
-	return seq, nil
-}
-
-func (d *fakeDispatcher) Withdraw(context.Context, uint64) (bool, error) { return true, nil }
-
-func (d *fakeDispatcher) Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error) {
-	err := d.svc.HandleEvent(ctx, coordinatortest.Claimed(d.svc, &proto.Event{
-		V: proto.Version, Kind: proto.EventExited, JobID: c.JobID, Runner: runner, Time: time.Now(), Reason: proto.ReasonKilled,
-	}))
-	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, err
-}
-
 type harness struct {
 	t    *testing.T
 	svc  *coordinator.Service
-	disp *fakeDispatcher
+	disp *coordinatortest.Dispatcher
 	srv  *httpapi.Server
 	addr string
 	cwd  string
 }
 
-// newService makes a real Service with cfg on the real store, dispatching to a fakeDispatcher.
-func newService(t *testing.T, cfg coordinator.Config) (*coordinator.Service, *fakeDispatcher) {
+// newService makes a real Service with cfg on the real store, dispatching to a fake that stands in
+// for the runners: queued work is withdrawn, and a control request ends the job as killed.
+func newService(t *testing.T, cfg coordinator.Config) (*coordinator.Service, *coordinatortest.Dispatcher) {
 	t.Helper()
 	dir := t.TempDir()
 	db, err := store.Open(dir + "/db")
@@ -73,12 +45,17 @@ func newService(t *testing.T, cfg coordinator.Config) (*coordinator.Service, *fa
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { terms.Close() })
-	disp := &fakeDispatcher{}
+	disp := &coordinatortest.Dispatcher{}
+	disp.SetWithdraw(true)
 	svc, err := coordinator.New(t.Context(), cfg, db, terms, disp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	disp.svc = svc
+	disp.SetControl(func(ctx context.Context, runner string, c *proto.Control) error {
+		return svc.HandleEvent(ctx, coordinatortest.Claimed(svc, &proto.Event{
+			V: proto.Version, Kind: proto.EventExited, JobID: c.JobID, Runner: runner, Time: time.Now(), Reason: proto.ReasonKilled,
+		}))
+	})
 	return svc, disp
 }
 
@@ -126,17 +103,11 @@ func (h *harness) exit(id string, code int, size int64) {
 	h.event(&proto.Event{Kind: proto.EventExited, JobID: id, Reason: proto.ReasonExit, ExitCode: &code, OutputBytes: size})
 }
 
-func (h *harness) setRun(run func(*proto.Work)) {
-	h.disp.mu.Lock()
-	defer h.disp.mu.Unlock()
-	h.disp.run = run
-}
-
 func TestJobLifecycle(t *testing.T) {
 	h := newHarness(t, "tok")
 	c := client.New(h.addr+"/", "tok")
 	ctx := t.Context()
-	h.setRun(func(w *proto.Work) {
+	h.disp.SetRun(func(w *proto.Work) {
 		h.begin(w.JobID)
 		h.output(w.JobID, 0, "hello\n")
 		h.exit(w.JobID, 0, 6)
@@ -196,7 +167,7 @@ func TestWaitAndKill(t *testing.T) {
 	c := client.New(h.addr, "")
 	c.Session = "hdr"
 	ctx := t.Context()
-	h.setRun(func(w *proto.Work) { h.begin(w.JobID) })
+	h.disp.SetRun(func(w *proto.Work) { h.begin(w.JobID) })
 
 	st, err := c.Start(ctx, client.StartRequest{Command: "serve", Cwd: h.cwd})
 	if err != nil {
@@ -219,6 +190,8 @@ func TestWaitAndKill(t *testing.T) {
 	var buf bytes.Buffer
 	done := make(chan error, 1)
 	go func() { done <- c.Follow(ctx, id, 9, &buf) }()
+	// Let Follow begin following: nothing shows that it does, and one begun late reads the same
+	// output up to the end.
 	time.Sleep(50 * time.Millisecond)
 	j, err := c.Kill(ctx, id, "TERM")
 	if err != nil || j.Status != client.StatusAborted || j.Reason != "killed" {
@@ -309,7 +282,7 @@ func TestDo(t *testing.T) {
 func TestFollowCut(t *testing.T) {
 	h := newHarness(t, "")
 	c := client.New(h.addr, "")
-	h.setRun(func(w *proto.Work) { h.begin(w.JobID) })
+	h.disp.SetRun(func(w *proto.Work) { h.begin(w.JobID) })
 	st, err := c.Start(t.Context(), client.StartRequest{Command: "tail -f", Cwd: h.cwd})
 	if err != nil {
 		t.Fatal(err)
@@ -355,7 +328,7 @@ func TestNotificationFormat(t *testing.T) {
 	h := newHarness(t, "")
 	c := client.New(h.addr, "")
 	ctx := t.Context()
-	h.setRun(func(w *proto.Work) {
+	h.disp.SetRun(func(w *proto.Work) {
 		h.begin(w.JobID)
 		h.exit(w.JobID, 0, 0)
 	})

@@ -10,9 +10,9 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/client"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
+	"github.com/sbx-dev/sbx/internal/natstest"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -20,7 +20,7 @@ import (
 // the client sends the start again with its key and gets that job; one job exists. Without a key
 // the reset is the caller's error.
 func TestStartRetry(t *testing.T) {
-	nc := coordinatortest.StartNATS(t)
+	nc := natstest.Conn(t)
 	bus, err := natsbus.New(t.Context(), nc, natsbus.Config{})
 	if err != nil {
 		t.Fatal(err)

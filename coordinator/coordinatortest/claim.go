@@ -1,5 +1,5 @@
 // Package coordinatortest helps the tests of the coordinator and of its adapters play a runner's
-// part against a real *coordinator.Service, and run the NATS cluster a test needs (StartCluster).
+// part against a real *coordinator.Service. The NATS servers they run are internal/natstest's.
 package coordinatortest
 
 import (

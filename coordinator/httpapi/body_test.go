@@ -80,7 +80,7 @@ func TestBodyTimeout(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if got := len(h.disp.works()); got != 1 {
+	if got := len(h.disp.Works()); got != 1 {
 		t.Errorf("%d jobs dispatched, want 1", got)
 	}
 }
@@ -90,10 +90,10 @@ func TestBodyTimeout(t *testing.T) {
 func TestBodyTimeoutLifted(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	h := newHarness(t, httpapi.Config{BodyTimeout: timeout})
-	h.disp.setRun(func(w *proto.Work) {
+	h.disp.SetRun(func(w *proto.Work) {
 		h.begin(w.JobID)
 		go func() {
-			time.Sleep(3 * timeout)
+			time.Sleep(3 * timeout) // the job outlasts the body timeout
 			h.output(w.JobID, 0, "done\n")
 			h.exit(w.JobID, 0, 5)
 		}()

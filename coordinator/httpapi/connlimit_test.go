@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // openServer serves h's service with cfg on a real loopback listener and returns its address.
@@ -106,13 +107,9 @@ func TestConnLimits(t *testing.T) {
 			c.Close()
 		}
 		// The server frees a slot when it sees the connection closed: poll.
-		deadline := time.Now().Add(10 * time.Second)
-		for len(open(t, addr, "127.0.0.1", 1)) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("closed connections did not give their slots back")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		poll.Until(t, 10*time.Second, "closed connections give their slots back", func() bool {
+			return len(open(t, addr, "127.0.0.1", 1)) > 0
+		})
 	})
 
 	t.Run("total", func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // TestForwarder: a standby's forwarder passes calls to the coordinator that leads, unchanged, and
@@ -51,7 +52,7 @@ func TestForwarder(t *testing.T) {
 	}
 	// The standby checks the token itself: a stranger never reaches the leader.
 	standby.post("/v1/jobs", map[string]any{"command": "true"}).wantError(t, http.StatusUnauthorized, "unauthorized", "Bearer")
-	if n := len(leader.disp.works()); n != 1 {
+	if n := len(leader.disp.Works()); n != 1 {
 		t.Errorf("the leader dispatched %d jobs, want 1", n)
 	}
 
@@ -180,12 +181,8 @@ func TestHandoff(t *testing.T) {
 	}
 	waitFor := func(code int) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for count(code) < 50 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d calls answered %d in 10 s", count(code), code)
-			}
-			time.Sleep(5 * time.Millisecond)
+		if !poll.Within(10*time.Second, func() bool { return count(code) >= 50 }) {
+			t.Fatalf("%d calls answered %d in 10 s", count(code), code)
 		}
 	}
 	waitFor(http.StatusServiceUnavailable)

@@ -64,7 +64,7 @@ func TestBrowserGuard(t *testing.T) {
 			r.wantError(t, tt.status, code, tt.want)
 		})
 	}
-	if got := len(h.disp.works()); got != created {
+	if got := len(h.disp.Works()); got != created {
 		t.Errorf("%d jobs dispatched, want %d: a refused request ran", got, created)
 	}
 }

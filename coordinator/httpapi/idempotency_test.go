@@ -10,15 +10,15 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
+	"github.com/sbx-dev/sbx/internal/natstest"
 )
 
 // idempotencyBus is a Bus on a real in-process NATS: the store of idempotency keys.
 func idempotencyBus(t *testing.T) *natsbus.Bus {
 	t.Helper()
-	nc := coordinatortest.StartNATS(t)
+	nc := natstest.Conn(t)
 	bus, err := natsbus.New(t.Context(), nc, natsbus.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +51,7 @@ func TestIdempotencyKey(t *testing.T) {
 	if b.Job.ID != a.Job.ID {
 		t.Errorf("repeated start made job %s, want %s", b.Job.ID, a.Job.ID)
 	}
-	if n := len(h.disp.works()); n != 1 {
+	if n := len(h.disp.Works()); n != 1 {
 		t.Errorf("%d jobs queued, want 1", n)
 	}
 
@@ -67,7 +67,7 @@ func TestIdempotencyKey(t *testing.T) {
 	if c.Job.ID == a.Job.ID || c.Job.Session != "s2" {
 		t.Errorf("another session's start: job %s of %s, want a new one of s2", c.Job.ID, c.Job.Session)
 	}
-	if n := len(h.disp.works()); n != 2 {
+	if n := len(h.disp.Works()); n != 2 {
 		t.Errorf("%d jobs queued, want 2", n)
 	}
 
@@ -83,7 +83,7 @@ func TestIdempotencyKey(t *testing.T) {
 	// Without the header, a start is a start.
 	h.start(map[string]any{"command": "echo once"})
 	h.start(map[string]any{"command": "echo once"})
-	if n := len(h.disp.works()); n != 5 {
+	if n := len(h.disp.Works()); n != 5 {
 		t.Errorf("%d jobs queued, want 5", n)
 	}
 }
@@ -124,7 +124,7 @@ func TestIdempotencyReservation(t *testing.T) {
 			t.Errorf("%s: status %d, want %d: %s", tt.key, r.status, tt.status, r.body)
 		}
 	}
-	if n := len(h.disp.works()); n != 2 {
+	if n := len(h.disp.Works()); n != 2 {
 		t.Errorf("%d jobs queued, want 2 (the probe and the abandoned one)", n)
 	}
 }
@@ -156,7 +156,7 @@ func TestIdempotencyRace(t *testing.T) {
 		}
 		first = id
 	}
-	if n := len(h.disp.works()); n != 1 {
+	if n := len(h.disp.Works()); n != 1 {
 		t.Errorf("%d jobs queued, want 1", n)
 	}
 }

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -59,7 +60,7 @@ func TestStartShape(t *testing.T) {
 	if len(limits) != 5 || limits["pids"] != 100 || limits["memory_bytes"] != 0 {
 		t.Errorf("limits %v", limits)
 	}
-	if w := h.disp.works(); len(w) != 1 || w[0].Limits.Pids != 100 {
+	if w := h.disp.Works(); len(w) != 1 || w[0].Limits.Pids != 100 {
 		t.Errorf("dispatched %+v", w)
 	}
 
@@ -98,7 +99,7 @@ func TestStartBlock(t *testing.T) {
 	})
 	t.Run("backgrounded", func(t *testing.T) {
 		h := newHarness(t, httpapi.Config{})
-		h.disp.setRun(func(w *proto.Work) {
+		h.disp.SetRun(func(w *proto.Work) {
 			h.begin(w.JobID)
 			h.output(w.JobID, 0, "so far")
 		})
@@ -211,7 +212,7 @@ func TestStartInvalid(t *testing.T) {
 	t.Run("bad session header", func(t *testing.T) {
 		h.post("/v1/jobs", `{"command":"ls","cwd":"/"}`, "Sbx-Session", "../x").wantError(t, 400, "invalid", `Sbx-Session header "../x"`)
 	})
-	if w := h.disp.works(); len(w) != 0 {
+	if w := h.disp.Works(); len(w) != 0 {
 		t.Errorf("invalid requests dispatched %d jobs", len(w))
 	}
 	// The strict checks leave what is valid alone: non-ASCII text, surrogate pairs, escapes.
@@ -221,7 +222,7 @@ func TestStartInvalid(t *testing.T) {
 	if r.decode(t, &got); r.status != http.StatusCreated || got.Job.Title != "naïve" {
 		t.Errorf("valid text refused: status %d: %s", r.status, r.body)
 	}
-	if w := h.disp.works(); len(w) != 1 || w[0].Command != `echo héllo 😀 😀 \ud800` {
+	if w := h.disp.Works(); len(w) != 1 || w[0].Command != `echo héllo 😀 😀 \ud800` {
 		t.Errorf("dispatched %+v", w)
 	}
 }
@@ -281,7 +282,7 @@ func TestJobs(t *testing.T) {
 	a := h.start(map[string]any{"command": "a", "session": "s1"}).Job.ID
 	time.Sleep(2 * time.Millisecond) // ids sort by millisecond
 	b := h.start(map[string]any{"command": "b", "session": "s2"}).Job.ID
-	time.Sleep(2 * time.Millisecond)
+	time.Sleep(2 * time.Millisecond) // likewise
 	c := h.start(map[string]any{"command": "c", "session": "s1"}).Job.ID
 
 	var got job
@@ -327,7 +328,7 @@ func TestJobs(t *testing.T) {
 
 func TestKill(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
-	h.disp.setControl(func(c *proto.Control) { h.killed(c.JobID) })
+	h.disp.SetControl(func(_ context.Context, _ string, c *proto.Control) error { h.killed(c.JobID); return nil })
 
 	queued := h.start(map[string]any{"command": "sleep 10"}).Job.ID
 	var k struct{ Job job }
@@ -347,7 +348,7 @@ func TestKill(t *testing.T) {
 	if r.status != 202 || k.Job.Status != "aborted" {
 		t.Errorf("kill running: %d %s", r.status, r.body)
 	}
-	if c := h.disp.controlled(); len(c) != 1 || c[0].JobID != running || c[0].Op != "kill" {
+	if c := h.disp.Controls(); len(c) != 1 || c[0].JobID != running || c[0].Op != "kill" {
 		t.Errorf("controls %+v", c)
 	}
 }
@@ -387,6 +388,8 @@ func TestWait(t *testing.T) {
 		t.Errorf("clamped timeout: %+v", w)
 	}
 	go func() {
+		// The exit comes while the wait waits: nothing outside the service shows that it does, and
+		// a wait begun late finds the job ended.
 		time.Sleep(50 * time.Millisecond)
 		h.exit(id, 3, 25)
 	}()

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -147,6 +149,8 @@ func TestLongPoll(t *testing.T) {
 		json.Unmarshal(r.body, &n)
 		got <- n
 	}()
+	// Let the long-poll begin waiting: nothing shows that it does, and one that began late would
+	// find the notification stored and pass without waiting.
 	time.Sleep(30 * time.Millisecond)
 	t0 := time.Now()
 	h.exit(s.Job.ID, 0, 0)
@@ -226,10 +230,11 @@ func TestStream(t *testing.T) {
 func TestEndSession(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
 	h.startOnly()
-	h.disp.setControl(func(c *proto.Control) {
+	h.disp.SetControl(func(_ context.Context, _ string, c *proto.Control) error {
 		if c.Op == proto.OpKill {
 			go h.killed(c.JobID)
 		}
+		return nil
 	})
 	s := h.start(map[string]any{"command": "sleep 100"}, "Sbx-Session", "agent-1")
 	r := h.do("DELETE", "/v1/sessions/agent-1", nil)
@@ -247,15 +252,11 @@ func TestEndSession(t *testing.T) {
 	if end.Session.ID != "agent-1" || end.Session.EndedAt == nil || len(end.Stopped) != 1 || end.Stopped[0] != s.Job.ID {
 		t.Fatalf("end: %s", r.body)
 	}
-	deadline := time.Now().Add(5 * time.Second)
 	var j job
-	for time.Now().Before(deadline) {
+	poll.Within(5*time.Second, func() bool {
 		h.get("/v1/jobs/"+s.Job.ID).decode(t, &j)
-		if j.Status == "aborted" {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return j.Status == "aborted"
+	})
 	if j.Status != "aborted" || j.Reason != "session_ended" {
 		t.Fatalf("job %+v", j)
 	}

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,71 +20,11 @@ import (
 	"github.com/sbx-dev/sbx/proto"
 )
 
-// fakeDispatcher stands in for the runners: Dispatch records the work and calls run, which may
-// play a runner's events back into the service.
-type fakeDispatcher struct {
-	mu       sync.Mutex
-	seq      uint64
-	work     []*proto.Work
-	controls []*proto.Control
-	run      func(w *proto.Work)
-	control  func(c *proto.Control)
-}
-
-func (d *fakeDispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, error) {
-	d.mu.Lock()
-	d.seq++
-	seq, run := d.seq, d.run
-	d.work = append(d.work, w)
-	d.mu.Unlock()
-	if run != nil {
-		run(w)
-	}
-	return seq, nil
-}
-
-func (d *fakeDispatcher) Withdraw(context.Context, uint64) (bool, error) { return true, nil }
-
-func (d *fakeDispatcher) Control(_ context.Context, _ string, c *proto.Control) (*proto.ControlReply, error) {
-	d.mu.Lock()
-	d.controls = append(d.controls, c)
-	control := d.control
-	d.mu.Unlock()
-	if control != nil {
-		control(c)
-	}
-	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, nil
-}
-
-func (d *fakeDispatcher) setRun(run func(*proto.Work)) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.run = run
-}
-
-func (d *fakeDispatcher) setControl(control func(*proto.Control)) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.control = control
-}
-
-func (d *fakeDispatcher) works() []*proto.Work {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]*proto.Work(nil), d.work...)
-}
-
-func (d *fakeDispatcher) controlled() []*proto.Control {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]*proto.Control(nil), d.controls...)
-}
-
 // harness is a real Service on the real store, behind the real handler.
 type harness struct {
 	t    *testing.T
 	svc  *coordinator.Service
-	disp *fakeDispatcher
+	disp *coordinatortest.Dispatcher
 	url  string
 	cwd  string
 }
@@ -109,7 +48,8 @@ func newHarnessWith(t *testing.T, cfg httpapi.Config, ccfg coordinator.Config) *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { terms.Close() })
-	disp := &fakeDispatcher{}
+	disp := &coordinatortest.Dispatcher{}
+	disp.SetWithdraw(true)
 	svc, err := coordinator.New(t.Context(), ccfg, db, terms, disp)
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +108,7 @@ func (h *harness) killed(id string) {
 
 // finishWith makes every dispatched job run at once, print out and exit with code.
 func (h *harness) finishWith(out string, code int) {
-	h.disp.setRun(func(w *proto.Work) {
+	h.disp.SetRun(func(w *proto.Work) {
 		h.begin(w.JobID)
 		h.output(w.JobID, 0, out)
 		h.exit(w.JobID, code, int64(len(out)))
@@ -177,7 +117,7 @@ func (h *harness) finishWith(out string, code int) {
 
 // startOnly makes every dispatched job start and keep running.
 func (h *harness) startOnly() {
-	h.disp.setRun(func(w *proto.Work) { h.begin(w.JobID) })
+	h.disp.SetRun(func(w *proto.Work) { h.begin(w.JobID) })
 }
 
 type reply struct {

@@ -16,7 +16,7 @@ func TestTTYAPI(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
 	h.startOnly()
 	id := h.start(map[string]any{"command": "npm init", "tty": true, "tty_size": map[string]int{"rows": 40, "cols": 100}}).Job.ID
-	if w := h.disp.works(); len(w) != 1 || !w[0].TTY || *w[0].TTYSize != (proto.TTYSize{Rows: 40, Cols: 100}) {
+	if w := h.disp.Works(); len(w) != 1 || !w[0].TTY || *w[0].TTYSize != (proto.TTYSize{Rows: 40, Cols: 100}) {
 		t.Fatalf("work %+v", w)
 	}
 	view := func(id string) map[string]json.RawMessage {
@@ -32,7 +32,7 @@ func TestTTYAPI(t *testing.T) {
 	if r.status != http.StatusAccepted || !strings.Contains(string(r.body), `"tty_size":{"rows":50,"cols":132}`) {
 		t.Fatalf("resize: %d %s", r.status, r.body)
 	}
-	if c := h.disp.controlled(); len(c) != 1 || c[0].Op != proto.OpResize || *c[0].Size != (proto.TTYSize{Rows: 50, Cols: 132}) {
+	if c := h.disp.Controls(); len(c) != 1 || c[0].Op != proto.OpResize || *c[0].Size != (proto.TTYSize{Rows: 50, Cols: 132}) {
 		t.Fatalf("controls %+v", c)
 	}
 	for _, tt := range []struct {

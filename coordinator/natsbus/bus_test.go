@@ -15,24 +15,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
-
-func startNATS(t *testing.T) *nats.Conn {
-	return coordinatortest.StartNATS(t)
-}
 
 // connectRunner connects to nc's server as runner id does: with the runner's inbox prefix.
 func connectRunner(t *testing.T, nc *nats.Conn, id string) *nats.Conn {
 	t.Helper()
-	rc, err := nats.Connect(nc.ConnectedUrl(), nats.CustomInboxPrefix(proto.RunnerInbox(id)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rc.Close)
-	return rc
+	return natstest.Connect(t, nc.ConnectedUrl(), nats.CustomInboxPrefix(proto.RunnerInbox(id)))
 }
 
 // coordinatorLife is one life of a coordinator: its store, bus and service, consuming until stop.
@@ -159,7 +151,7 @@ func claimOf(t *testing.T, svc *coordinator.Service, id string) string {
 // TestRestartResumes: events published while the coordinator is down are applied when it comes back,
 // on the same store, and the job's output is whole.
 func TestRestartResumes(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	dir := t.TempDir()
 	ctx := t.Context()
 	first := startCoordinator(t, nc, dir)
@@ -195,7 +187,7 @@ func TestRestartResumes(t *testing.T) {
 
 // TestWithdraw: a queued job that no runner took is withdrawn from the work stream by a kill.
 func TestWithdraw(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "sleep 1", Cwd: "/"})
@@ -229,7 +221,7 @@ func mustCompile(t *testing.T, pattern string) *regexp.Regexp {
 // TestForgedEvents: an event or chunk from a runner that does not run the job, or without the job's
 // claim, is dropped and counted; the job keeps running and its output stays the real runner's.
 func TestForgedEvents(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "sleep 100", Cwd: "/"})
@@ -260,12 +252,10 @@ func TestForgedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	deadline := time.Now().Add(10 * time.Second)
-	for c.svc.Stats().Forged[coordinator.ForgedState] < 3 || c.svc.Stats().Forged[coordinator.ForgedOutput] < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("forged messages counted: %v", c.svc.Stats().Forged)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Within(10*time.Second, func() bool {
+		return c.svc.Stats().Forged[coordinator.ForgedState] >= 3 && c.svc.Stats().Forged[coordinator.ForgedOutput] >= 2
+	}) {
+		t.Fatalf("forged messages counted: %v", c.svc.Stats().Forged)
 	}
 	j, err := c.svc.Job(ctx, id)
 	if err != nil || j.Status != coordinator.StatusRunning || j.Runner != "r1" {
@@ -284,34 +274,29 @@ func TestForgedEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		info, err := cons.Info(ctx)
-		if err != nil {
+	var info *jetstream.ConsumerInfo
+	if !poll.Within(10*time.Second, func() bool {
+		if info, err = cons.Info(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if info.NumAckPending == 0 && info.NumPending == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("forged events still pending: %d ack pending, %d pending", info.NumAckPending, info.NumPending)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	}) {
+		t.Fatalf("forged events still pending: %d ack pending, %d pending", info.NumAckPending, info.NumPending)
 	}
 }
 
 // TestForgedHeartbeat: a heartbeat naming another runner than its subject's is dropped and counted.
 func TestForgedHeartbeat(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	forged := &proto.Heartbeat{V: proto.Version, Runner: "victim", Pool: "default", Slots: 1, Readonly: true, Boot: time.Now(), Time: time.Now()}
 	honest := *forged
 	honest.Runner = "r2"
-	deadline := time.Now().Add(5 * time.Second)
 	// Consume subscribes in the background, maybe between the two publishes: publish both until
-	// both were seen.
-	for len(c.svc.Runners()) == 0 || c.svc.Stats().Forged[coordinator.ForgedHeartbeat] == 0 {
-		if time.Now().After(deadline) {
-			break // the assertions below say which one was missed
+	// both were seen. The assertions below say which one was missed.
+	poll.Within(5*time.Second, func() bool {
+		if len(c.svc.Runners()) > 0 && c.svc.Stats().Forged[coordinator.ForgedHeartbeat] > 0 {
+			return true
 		}
 		for _, hb := range []*proto.Heartbeat{forged, &honest} {
 			if err := nc.Publish(proto.HeartbeatSubject("r2", "default"), proto.Encode(hb)); err != nil {
@@ -321,8 +306,8 @@ func TestForgedHeartbeat(t *testing.T) {
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	})
 	if rs := c.svc.Runners(); len(rs) != 1 || rs[0].ID != "r2" {
 		t.Fatalf("runners %+v, want r2 alone", rs)
 	}
@@ -334,7 +319,7 @@ func TestForgedHeartbeat(t *testing.T) {
 // TestWithdrawTaken: a kill racing a runner's ack answers "taken", never an error: the work stream
 // says "not found" or "delete unsuccessful" for a message acked a moment ago.
 func TestWithdrawTaken(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	for i := range 20 {
@@ -362,7 +347,7 @@ func TestWithdrawTaken(t *testing.T) {
 // TestConsumeConsumerDeleted: when the event consumer is deleted, Consume returns an error (the
 // supervisor then exits the process) rather than waiting forever.
 func TestConsumeConsumerDeleted(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	bus, err := New(ctx, nc, Config{ConsumerHeartbeat: 500 * time.Millisecond})
 	if err != nil {
@@ -386,13 +371,15 @@ func TestConsumeConsumerDeleted(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- bus.Consume(ctx, svc) }()
 	js, _ := jetstream.New(nc)
-	for {
-		if _, err := js.Consumer(ctx, proto.EventStream, proto.EventConsumer); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond) // a pull is waiting
+	var cons jetstream.Consumer
+	poll.Until(t, 10*time.Second, "the event consumer exists", func() bool {
+		cons, err = js.Consumer(ctx, proto.EventStream, proto.EventConsumer)
+		return err == nil
+	})
+	poll.Until(t, 10*time.Second, "a pull is waiting", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumWaiting > 0
+	})
 	if err := js.DeleteConsumer(ctx, proto.EventStream, proto.EventConsumer); err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +396,7 @@ func TestConsumeConsumerDeleted(t *testing.T) {
 // TestWorkConsumersBounded: the coordinator creates work consumers for the pools runners name, up to
 // MaxWorkConsumers: heartbeats naming ever new pools do not make it create consumers without end.
 func TestWorkConsumersBounded(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	bus, err := New(ctx, nc, Config{MaxWorkConsumers: 3})
 	if err != nil {
@@ -435,7 +422,7 @@ func TestWorkConsumersBounded(t *testing.T) {
 // TestConfirmStart: the coordinator confirms the start of a job it queued, and refuses one it
 // withdrew; the work it queues carries the moment it stopped waiting for the stream.
 func TestConfirmStart(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	before := time.Now()
@@ -498,7 +485,7 @@ func (c *crashing) HandleEvent(ctx context.Context, e *proto.Event) error {
 // TestCrashRecovery: a job whose exit was being applied when the coordinator died ends within 5 s
 // of the next coordinator's start, not after the event's ack wait (30 s).
 func TestCrashRecovery(t *testing.T) {
-	base := startNATS(t)
+	base := natstest.Conn(t)
 	dir := t.TempDir()
 	ctx := t.Context()
 
@@ -568,7 +555,8 @@ func TestReadyChecksJetStream(t *testing.T) {
 		}, "last job submission failed"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ns, nc := coordinatortest.StartServer(t)
+			ns := natstest.Server(t)
+			nc := natstest.Connect(t, ns.ClientURL())
 			bus, err := New(t.Context(), nc, Config{})
 			if err != nil {
 				t.Fatal(err)

@@ -10,8 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/internal/jsready"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -19,14 +20,10 @@ import (
 // with 3 replicas, and once the server leading the work stream shuts down, a dispatch succeeds
 // again and the work queued before is all still there.
 func TestReplicasSurviveLeaderLoss(t *testing.T) {
-	cluster := coordinatortest.StartCluster(t, 3)
+	cluster := natstest.StartCluster(t, 3)
 	// As the coordinator's connection (cmd/sbx coordinatorConn): no reconnect buffer, so a dispatch
 	// while the link moves to another server fails rather than waits.
-	nc, err := nats.Connect(cluster.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Connect(t, cluster.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(-1))
 	ctx := t.Context()
 	work := func(id string) *proto.Work {
 		return &proto.Work{V: proto.Version, JobID: id, Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"}
@@ -66,7 +63,7 @@ func TestReplicasSurviveLeaderLoss(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no dispatch succeeded within 30s of the loss of %s: %v", leader.Name(), err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // between attempts, each a job, while a new leader is elected
 	}
 	queued[seq] = id
 	info, err := bus.work.Info(ctx)
@@ -92,16 +89,13 @@ func TestReplicasSurviveLeaderLoss(t *testing.T) {
 // server keep everything it holds.
 func waitReplicas(t *testing.T, s jetstream.Stream, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		info, err := s.Info(t.Context())
-		if err == nil && info.Config.Replicas == n && info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == n-1 && allCurrent(info.Cluster.Replicas) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream %s did not get %d current replicas: %+v, %v", s.CachedInfo().Config.Name, n, info, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var info *jetstream.StreamInfo
+	var err error
+	if !poll.Within(30*time.Second, func() bool {
+		info, err = s.Info(t.Context())
+		return err == nil && info.Config.Replicas == n && info.Cluster != nil && info.Cluster.Leader != "" && len(info.Cluster.Replicas) == n-1 && allCurrent(info.Cluster.Replicas)
+	}) {
+		t.Fatalf("stream %s did not get %d current replicas: %+v, %v", s.CachedInfo().Config.Name, n, info, err)
 	}
 }
 
@@ -119,14 +113,14 @@ func allCurrent(peers []*jetstream.PeerInfo) bool {
 // servers, and on streams made with another count.
 func TestReplicasNeedServers(t *testing.T) {
 	t.Run("single server", func(t *testing.T) {
-		nc := startNATS(t)
+		nc := natstest.Conn(t)
 		_, err := New(t.Context(), nc, Config{Replicas: 3})
 		if err == nil || jsready.NotReady(err) || !strings.Contains(err.Error(), proto.WorkStream) || !strings.Contains(err.Error(), "not a cluster") {
 			t.Fatalf("New with 3 replicas on one server: %v (not ready: %v); want a refusal naming %s and the missing cluster", err, jsready.NotReady(err), proto.WorkStream)
 		}
 	})
 	t.Run("existing stream", func(t *testing.T) {
-		nc := startNATS(t)
+		nc := natstest.Conn(t)
 		if _, err := New(t.Context(), nc, Config{}); err != nil {
 			t.Fatal(err)
 		}
@@ -136,13 +130,9 @@ func TestReplicasNeedServers(t *testing.T) {
 		}
 	})
 	t.Run("small cluster", func(t *testing.T) {
-		cluster := coordinatortest.StartCluster(t, 3)
-		nc, err := nats.Connect(cluster.URLs())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		_, err = New(t.Context(), nc, Config{Replicas: 5})
+		cluster := natstest.StartCluster(t, 3)
+		nc := natstest.Connect(t, cluster.URLs())
+		_, err := New(t.Context(), nc, Config{Replicas: 5})
 		if err == nil || jsready.NotReady(err) || !strings.Contains(err.Error(), proto.WorkStream) || !strings.Contains(err.Error(), "fewer than 5 JetStream servers") {
 			t.Fatalf("New with 5 replicas on 3 servers: %v (not ready: %v); want a refusal naming %s and the missing servers", err, jsready.NotReady(err), proto.WorkStream)
 		}

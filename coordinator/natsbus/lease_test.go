@@ -12,7 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // testTTL is short so that the tests take seconds; the timings scale with it.
@@ -121,39 +122,21 @@ func (r *running) wait(t *testing.T, d time.Duration) error {
 	}
 }
 
-// waitFor polls cond until it holds, failing t at the deadline.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 func connect(t *testing.T, urls string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(urls, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return natstest.Connect(t, urls, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
 }
 
 // TestLeaseOneLeads: of two leases one leads, both see it as the holder; when its Run's context
 // ends the other takes over (at once: the leaver deletes the key), and a lead's own error is what
 // Run returns.
 func TestLeaseOneLeads(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	var rec leads
 	a := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "a", URL: "http://a", TTL: testTTL}, rec.lead("a"))
 	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", URL: "http://b", TTL: testTTL}, rec.lead("b"))
 
-	waitFor(t, 5*time.Second, "a leader", func() bool { return len(rec.leaders()) == 1 })
+	poll.Until(t, 5*time.Second, "a leader", func() bool { return len(rec.leaders()) == 1 })
 	first := rec.leaders()[0]
 	leader, standby := a, b
 	if first == "b" {
@@ -168,7 +151,7 @@ func TestLeaseOneLeads(t *testing.T) {
 		if !leader.lease.Leading() || standby.lease.Leading() {
 			t.Fatalf("Leading: %s %v, the other %v", first, leader.lease.Leading(), standby.lease.Leading())
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // between looks at a window in which nothing may change
 	}
 	for _, r := range []*running{a, b} {
 		id, url, err := r.lease.WaitHolder(t.Context())
@@ -182,12 +165,12 @@ func TestLeaseOneLeads(t *testing.T) {
 	if err := leader.wait(t, testTTL); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run of the leader whose context ended: %v, want context.Canceled", err)
 	}
-	took := waitFor(t, testTTL+testTTL/4+200*time.Millisecond, "the standby takes over", func() bool {
+	took := poll.Until(t, testTTL+testTTL/4+200*time.Millisecond, "the standby takes over", func() bool {
 		ids := rec.leaders()
 		return len(ids) == 1 && ids[0] != first
 	})
 	t.Logf("took over %s after the leader's context ended (%s of waiting)", time.Since(stopped), took)
-	waitFor(t, time.Second, "Holder names the new leader", func() bool {
+	poll.Until(t, time.Second, "Holder names the new leader", func() bool {
 		id, _, ok := standby.lease.Holder()
 		return ok && id != first
 	})
@@ -206,13 +189,13 @@ func TestLeaseOneLeads(t *testing.T) {
 // steps down within TTL/2, before the other takes over; the other does within TTL and a renewal
 // of the last write.
 func TestLeaseHolderDies(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	var rec leads
 	anc := connect(t, ns.ClientURL())
 	a := startLease(t, anc, LeaseConfig{ID: "a", TTL: testTTL}, rec.lead("a"))
-	waitFor(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
+	poll.Until(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
 	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", TTL: testTTL}, rec.lead("b"))
-	waitFor(t, 5*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
+	poll.Until(t, 5*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
 
 	cut := time.Now()
 	anc.Close()
@@ -222,7 +205,7 @@ func TestLeaseHolderDies(t *testing.T) {
 	if a.lease.Leading() {
 		t.Error("a still says it leads")
 	}
-	waitFor(t, testTTL+testTTL/4+300*time.Millisecond, "b takes over", func() bool { return b.lease.Leading() })
+	poll.Until(t, testTTL+testTTL/4+300*time.Millisecond, "b takes over", func() bool { return b.lease.Leading() })
 	t.Logf("b took over %s after a was cut off", time.Since(cut))
 	rec.checkNoOverlap(t)
 }
@@ -230,11 +213,11 @@ func TestLeaseHolderDies(t *testing.T) {
 // TestLeaseRestartTakesBack: a coordinator restarted under the holder's ID takes the lease back at
 // once, where a coordinator of another ID waits for the TTL.
 func TestLeaseRestartTakesBack(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	var rec leads
 	anc := connect(t, ns.ClientURL())
 	a := startLease(t, anc, LeaseConfig{ID: "a", TTL: testTTL}, rec.lead("a"))
-	waitFor(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
+	poll.Until(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
 	anc.Close()
 	if err := a.wait(t, testTTL); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Run of a leader cut off: %v, want ErrLeaseLost", err)
@@ -242,7 +225,7 @@ func TestLeaseRestartTakesBack(t *testing.T) {
 
 	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", TTL: testTTL}, rec.lead("b"))
 	again := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "a", TTL: testTTL}, rec.lead("a again"))
-	took := waitFor(t, testTTL/2, "a, restarted, leads", func() bool { return again.lease.Leading() })
+	took := poll.Until(t, testTTL/2, "a, restarted, leads", func() bool { return again.lease.Leading() })
 	t.Logf("the restarted a leads %s after it started", took)
 	// Renewed, the lease stays with it.
 	time.Sleep(2 * testTTL)
@@ -256,17 +239,17 @@ func TestLeaseRestartTakesBack(t *testing.T) {
 // only is cut off when that server shuts down: it steps down before the other, connected to the
 // two others, takes over.
 func TestLeaseNodeLoss(t *testing.T) {
-	cluster := coordinatortest.StartCluster(t, 3)
+	cluster := natstest.StartCluster(t, 3)
 	// A TTL that the cluster's renewals fit with room while the servers share two cores.
 	const ttl = time.Second
 	var rec leads
 	s1 := cluster.Server("s1")
 	// Told of s1 alone, and deaf to the servers s1 names: cut off once s1 is gone.
 	a := startLease(t, connect(t, s1.ClientURL(), nats.IgnoreDiscoveredServers()), LeaseConfig{ID: "a", TTL: ttl, Replicas: 3}, rec.lead("a"))
-	waitFor(t, 10*time.Second, "a leads", func() bool { return a.lease.Leading() })
+	poll.Until(t, 10*time.Second, "a leads", func() bool { return a.lease.Leading() })
 	others := cluster.Server("s2").ClientURL() + "," + cluster.Server("s3").ClientURL()
 	b := startLease(t, connect(t, others), LeaseConfig{ID: "b", TTL: ttl, Replicas: 3}, rec.lead("b"))
-	waitFor(t, 10*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
+	poll.Until(t, 10*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
 
 	cut := time.Now()
 	s1.Shutdown()
@@ -275,14 +258,14 @@ func TestLeaseNodeLoss(t *testing.T) {
 		t.Errorf("Run of the leader whose server shut down: %v, want ErrLeaseLost", err)
 	}
 	// The bucket's stream may have had its leader on s1: the takeover waits for a new one too.
-	waitFor(t, 15*time.Second, "b takes over", func() bool { return b.lease.Leading() })
+	poll.Until(t, 15*time.Second, "b takes over", func() bool { return b.lease.Leading() })
 	t.Logf("b took over %s after s1 shut down", time.Since(cut))
 	rec.checkNoOverlap(t)
 }
 
 // TestLeaseRefusesOtherReplicas: the bucket's replica count is not changed in place.
 func TestLeaseRefusesOtherReplicas(t *testing.T) {
-	nc := coordinatortest.StartNATS(t)
+	nc := natstest.Conn(t)
 	if _, err := OpenLease(t.Context(), nc, LeaseConfig{ID: "a"}); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +281,7 @@ func TestLeaseRefusesOtherReplicas(t *testing.T) {
 // TestLeaseWaitHolder: WaitHolder blocks while no coordinator holds the lease, and returns the
 // first that does.
 func TestLeaseWaitHolder(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	l, err := OpenLease(t.Context(), connect(t, ns.ClientURL()), LeaseConfig{ID: "standby", TTL: testTTL})
 	if err != nil {
 		t.Fatal(err)

@@ -15,8 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -93,7 +94,7 @@ func readAll(t testing.TB, o *Output, id string, offset, limit int64) []byte {
 // TestOutputWithoutFiles: the stream serves a job's output byte-exact once its terminal file is
 // gone, whole or from any offset, chunks stored out of turn included.
 func TestOutputWithoutFiles(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	o, files := openOutput(t, nc)
 	testJob(t, o, "j1")
 	data := body(300_000)
@@ -139,7 +140,7 @@ func TestOutputWithoutFiles(t *testing.T) {
 // header, body and footer, for an ended job whose file is gone, and completes the file of a running
 // job that stops short.
 func TestOutputSync(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	o, files := openOutput(t, nc)
 	ended := testJob(t, o, "ended")
 	data := body(100_000)
@@ -204,7 +205,7 @@ func storedChunks(t testing.TB, o *Output, id string) uint64 {
 // TestOutputDuplicateAndRemove: a chunk written again (its event redelivered) is stored once, and
 // Remove purges the job's chunks and its file, not another job's.
 func TestOutputDuplicateAndRemove(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	o, files := openOutput(t, nc)
 	testJob(t, o, "j1")
 	testJob(t, o, "j2")
@@ -232,7 +233,7 @@ func TestOutputDuplicateAndRemove(t *testing.T) {
 // TestOutputStreamTakesOnlyOutput: a runner cannot store anything in the output stream, not even
 // by aiming the event stream's acknowledgement of its publish at a job's output subject.
 func TestOutputStreamTakesOnlyOutput(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	rc := connectRunner(t, nc, "r1")
@@ -261,7 +262,7 @@ func TestOutputStreamTakesOnlyOutput(t *testing.T) {
 // stream stored the chunk. While the stream is gone the chunk's event stays in the event stream,
 // and once the stream is back the chunk is stored and the event acked.
 func TestEventsAckedAfterOutputStored(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	js, _ := jetstream.New(nc)
@@ -281,16 +282,13 @@ func TestEventsAckedAfterOutputStored(t *testing.T) {
 	}
 	r.chunk(id, 5, "lost?\n")
 	// The chunk is applied (its file written) but not stored: its event stays.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, err := os.ReadFile(c.out.Path(id))
-		if err == nil && bytes.Contains(b, []byte("lost?")) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the second chunk was never applied: %q %v", b, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var b []byte
+	var err error
+	if !poll.Within(10*time.Second, func() bool {
+		b, err = os.ReadFile(c.out.Path(id))
+		return err == nil && bytes.Contains(b, []byte("lost?"))
+	}) {
+		t.Fatalf("the second chunk was never applied: %q %v", b, err)
 	}
 	if n := eventsLeft(t, c.bus); n != 1 {
 		t.Fatalf("%d events in the event stream while the output stream is gone, want the chunk's", n)
@@ -316,12 +314,8 @@ func eventsLeft(t testing.TB, b *Bus) uint64 {
 // waitEvents waits until the event stream holds n events (acked ones leave it).
 func waitEvents(t testing.TB, b *Bus, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for eventsLeft(t, b) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("the event stream holds %d events, want %d", eventsLeft(t, b), n)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Within(10*time.Second, func() bool { return eventsLeft(t, b) == n }) {
+		t.Fatalf("the event stream holds %d events, want %d", eventsLeft(t, b), n)
 	}
 }
 
@@ -349,7 +343,7 @@ func readStream(t testing.TB, o *Output, id string) string {
 // and through Output (output: the stream and the file, flushed every ackBatch chunks as the event
 // consumer does).
 func BenchmarkOutputWrite(b *testing.B) {
-	nc := coordinatortest.StartNATS(b)
+	nc := natstest.Conn(b)
 	o, files := openOutput(b, nc)
 	chunk := body(proto.MaxChunkBytes)
 	for _, bc := range []struct {
@@ -390,7 +384,7 @@ func BenchmarkOutputWrite(b *testing.B) {
 // TestServiceOutputWithoutFile: the coordinator serves an ended job's output byte-exact once its
 // terminal file is gone, from the stream.
 func TestServiceOutputWithoutFile(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	js, _ := jetstream.New(nc)

@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/coordinator/coordinatortest"
 	"github.com/sbx-dev/sbx/coordinator/store"
 	"github.com/sbx-dev/sbx/internal/jsready"
+	"github.com/sbx-dev/sbx/internal/natstest"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -101,7 +101,7 @@ func snapshot(t *testing.T, s coordinator.Store) string {
 // notifications with their seqs; new notifications continue each session's seqs, even one whose
 // notifications were all removed; a cache holding something else is made equal to the buckets.
 func TestStateSync(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	a := openState(t, nc, openCache(t))
 	old := time.Now().Add(-2 * time.Hour)
@@ -169,7 +169,7 @@ func TestStateSync(t *testing.T) {
 // is uploaded into empty buckets, once: a new cache synced from them holds the same, and a second
 // coordinator's data dir of that age is not uploaded over it.
 func TestStateMigrates(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	old := openCache(t)
 	for _, j := range []*coordinator.Job{stateJob("job1", "s1", coordinator.StatusSucceeded), stateJob("job2", "s1", coordinator.StatusRunning)} {
@@ -219,7 +219,7 @@ func TestStateMigrates(t *testing.T) {
 // TestStateReplicas: buckets made with one count are refused with another, naming the bucket's
 // stream, not waited for.
 func TestStateReplicas(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	openState(t, nc, openCache(t))
 	_, err := OpenState(t.Context(), nc, openCache(t), StateConfig{Replicas: 3})
 	if err == nil || jsready.NotReady(err) || !strings.Contains(err.Error(), "stream KV_"+StateBucket+" has 1 replicas, not 3") {
@@ -230,13 +230,9 @@ func TestStateReplicas(t *testing.T) {
 // TestStateWritesFailCleanly: with NATS gone, every write fails, unavailable (the API's 503), and
 // leaves the cache as it was.
 func TestStateWritesFailCleanly(t *testing.T) {
-	ns, _ := coordinatortest.StartServer(t)
+	ns := natstest.Server(t)
 	// As the coordinator connects (cmd/sbx coordinatorConn): nothing is buffered while disconnected.
-	nc, err := nats.Connect(ns.ClientURL(), nats.ReconnectBufSize(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Connect(t, ns.ClientURL(), nats.ReconnectBufSize(-1))
 	ctx := t.Context()
 	s := openState(t, nc, openCache(t))
 	if err := s.PutJob(ctx, stateJob("job1", "s1", coordinator.StatusSucceeded)); err != nil {
@@ -281,7 +277,7 @@ func TestStateWritesFailCleanly(t *testing.T) {
 // characters JSON escapes to six bytes, fits in the default max_payload (1 MiB) and is stored; a
 // job past it is refused with an error that says so, and the cache does not keep it.
 func TestStateLargestJob(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	s := openState(t, nc, openCache(t))
 	fat := func(n int) string { return strings.Repeat("<", n) }
@@ -321,7 +317,7 @@ func TestStateLargestJob(t *testing.T) {
 // never one given twice: a cache synced afterwards continues after it, and the cache of the failed
 // write, left as it was, gives the same seq to the next notification.
 func TestStateSeqBeforeNotes(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	s := openState(t, nc, openCache(t))
 	if err := s.AddNotifications(ctx, []*coordinator.Notification{stateNote("n1", "s1", time.Now())}); err != nil {
@@ -347,12 +343,8 @@ func TestStateSeqBeforeNotes(t *testing.T) {
 // new cache synced from the survivors equals the writer's. With a second server gone, writes are
 // refused as unavailable and reads go on from the cache.
 func TestStateReplicasSurviveLeaderLoss(t *testing.T) {
-	cluster := coordinatortest.StartCluster(t, 3)
-	nc, err := nats.Connect(cluster.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	cluster := natstest.StartCluster(t, 3)
+	nc := natstest.Connect(t, cluster.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(-1))
 	ctx := t.Context()
 	s, err := OpenState(ctx, nc, openCache(t), StateConfig{Replicas: 3})
 	if err != nil {
@@ -385,7 +377,7 @@ func TestStateReplicasSurviveLeaderLoss(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s failed for 30 s after the loss of %s: %v", what, leader.Name(), err)
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // between attempts, while a new leader is elected
 		}
 	}
 	retry("PutJob", func(ctx context.Context) error {

@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/internal/natstest"
+	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -29,10 +31,9 @@ func heartbeat(t *testing.T, nc *nats.Conn, c *coordinatorLife, runner, subjectP
 		return n
 	}
 	before := seen()
-	deadline := time.Now().Add(5 * time.Second)
-	for seen() == before {
-		if time.Now().After(deadline) {
-			t.Fatalf("the heartbeat of %s in %s was not counted", runner, pool)
+	poll.Until(t, 5*time.Second, fmt.Sprintf("the heartbeat of %s in %s is counted", runner, pool), func() bool {
+		if seen() != before {
+			return true
 		}
 		if err := nc.Publish(proto.HeartbeatSubject(runner, subjectPool), proto.Encode(hb)); err != nil {
 			t.Fatal(err)
@@ -40,8 +41,8 @@ func heartbeat(t *testing.T, nc *nats.Conn, c *coordinatorLife, runner, subjectP
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
 }
 
 func hasConsumer(t *testing.T, b *Bus, name string) bool {
@@ -58,7 +59,7 @@ func hasConsumer(t *testing.T, b *Bus, name string) bool {
 // the rest are dropped and counted. Before, one runner's heartbeats naming new pools filled the
 // coordinator's 512 consumers and a real new pool's jobs were refused.
 func TestHeartbeatPools(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	c := startCoordinatorConfig(t, nc, t.TempDir(), Config{MaxWorkConsumers: 6, MaxPoolsPerRunner: 2},
 		func(svc *coordinator.Service) Handler { return svc })
@@ -97,7 +98,7 @@ func TestHeartbeatPools(t *testing.T) {
 // TestIdleWorkConsumersRemoved: the work consumers of a pool no runner and no dispatch named for
 // WorkConsumerIdle are removed, its queued work kept; a named pool's stay.
 func TestIdleWorkConsumersRemoved(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	ctx := t.Context()
 	bus, err := New(ctx, nc, Config{WorkConsumerIdle: time.Minute})
 	if err != nil {
@@ -149,7 +150,7 @@ func TestIdleWorkConsumersRemoved(t *testing.T) {
 // JetStream directly with any reply: a reply on a stream's subject stored the work (command,
 // environment, claim) in that stream, for ever.
 func TestWorkGoesToTheRunnersInbox(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	res, err := c.svc.Start(ctx, coordinator.StartRequest{Command: "secret-command", Cwd: "/"})
@@ -221,7 +222,7 @@ func TestWorkGoesToTheRunnersInbox(t *testing.T) {
 // is never stored as work. Before, the stream took in sbx.v1.work.>: the acknowledgement of an event
 // publish aimed at a pool no runner serves stayed there, and enough of them filled the stream.
 func TestWorkStreamTakesOnlyWork(t *testing.T) {
-	nc := startNATS(t)
+	nc := natstest.Conn(t)
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	rc := connectRunner(t, nc, "r1")

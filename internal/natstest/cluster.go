@@ -1,4 +1,4 @@
-package coordinatortest
+package natstest
 
 import (
 	"fmt"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 // Cluster is a NATS cluster of in-process servers with JetStream, each storing in its own temporary
@@ -31,31 +33,14 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	}
 	c := &Cluster{}
 	for i, p := range ports {
-		ns, err := server.NewServer(&server.Options{
-			ServerName: fmt.Sprintf("s%d", i+1), Host: "127.0.0.1", Port: -1, NoSigs: true,
+		c.Servers = append(c.Servers, Run(t, &server.Options{
+			ServerName: fmt.Sprintf("s%d", i+1), Host: "127.0.0.1", Port: -1,
 			JetStream: true, StoreDir: t.TempDir(),
 			Cluster: server.ClusterOpts{Name: "sbx-test", Host: "127.0.0.1", Port: p},
 			Routes:  server.RoutesFromStr(strings.Join(routes, ",")),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ns.Start()
-		t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-		c.Servers = append(c.Servers, ns)
+		}))
 	}
-	for _, ns := range c.Servers {
-		if !ns.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("nats server %s did not start", ns.Name())
-		}
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !c.ready(n) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the JetStream cluster of %d servers did not form", n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Until(t, 30*time.Second, fmt.Sprintf("the JetStream cluster of %d servers forms", n), func() bool { return c.ready(n) })
 	return c
 }
 
