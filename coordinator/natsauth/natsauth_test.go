@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
+	"github.com/sbx-dev/sbx/internal/natstest"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -26,19 +27,11 @@ func startServer(t *testing.T) (*server.Server, *Authority, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true}
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir()}
 	if err := a.Configure(opts); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
+	ns := natstest.Run(t, opts)
 	return ns, a, dir
 }
 
@@ -353,16 +346,7 @@ func TestServerConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.NoSigs = true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
+	ns := natstest.Run(t, opts)
 	if nc, err := nats.Connect(ns.ClientURL()); err == nil {
 		nc.Close()
 		t.Fatal("an anonymous client connected")
@@ -410,16 +394,7 @@ func TestExpiryAndRevocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.NoSigs = true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats did not start")
-	}
+	ns := natstest.Run(t, opts)
 	connects := func(creds []byte) bool {
 		t.Helper()
 		path := filepath.Join(t.TempDir(), "user.creds")
