@@ -8,15 +8,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/sbx-dev/sbx/proto"
 )
 
 // activityLocked applies an activity event (proto.EventActivity): what the runner sees of the job's
 // processes in /proc. The job's ports become the event's, and each port it had not listed yet is
 // notified once (kind port); the time it began to wait for input is kept for checkNotes, which
 // turns a wait of InputStallAfter into the job's stall notification. s.mu is held.
-func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *proto.Event) error {
+func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *Event) error {
 	j := l.job
 	if j.Status == StatusQueued {
 		return ErrNotReady // its started event is still to come
@@ -29,7 +27,7 @@ func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *proto.Event
 		l.inputSince = time.Time{}
 	} else if l.inputSince.IsZero() {
 		// By the coordinator's clock: the runner's need not agree with it.
-		l.inputSince = s.cfg.Now().Add(-e.InputFor())
+		l.inputSince = s.cfg.Now().Add(-e.inputFor())
 	}
 	if slices.Equal(j.Ports, e.Ports) {
 		return nil

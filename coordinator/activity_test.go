@@ -13,8 +13,8 @@ import (
 )
 
 // activity is an activity event of a job: waiting for input since since (zero: not), listening on ports.
-func activity(id string, seq int64, at, since time.Time, ports ...proto.Port) *proto.Event {
-	ev := &proto.Event{V: proto.Version, Kind: proto.EventActivity, JobID: id, Runner: "r1", Time: at, Seq: seq, Ports: ports}
+func activity(id string, seq int64, at, since time.Time, ports ...coordinator.Port) *coordinator.Event {
+	ev := &coordinator.Event{Kind: proto.EventActivity, JobID: id, Runner: "r1", Time: at, Seq: seq, Ports: ports}
 	if !since.IsZero() {
 		ev.InputSince = &since
 	}
@@ -98,13 +98,13 @@ func TestPorts(t *testing.T) {
 		}
 		waited <- res
 	}()
-	e.event(activity(id, 1, now, time.Time{}, proto.Port{Address: "::1", Port: 24678}))
+	e.event(activity(id, 1, now, time.Time{}, coordinator.Port{Address: "::1", Port: 24678}))
 	if res, err := e.svc.WaitFor(t.Context(), id, time.Minute, coordinator.WaitCond{AnyPort: true}); err != nil || res.Port == nil || res.Port.Port != 24678 || res.Done {
 		t.Fatalf("wait for any port = %+v, %v", res, err)
 	}
-	e.event(activity(id, 2, now, time.Time{}, proto.Port{Address: "::1", Port: 24678}, proto.Port{Address: "127.0.0.1", Port: 5173}))
+	e.event(activity(id, 2, now, time.Time{}, coordinator.Port{Address: "::1", Port: 24678}, coordinator.Port{Address: "127.0.0.1", Port: 5173}))
 	res := <-waited
-	if res == nil || res.Port == nil || *res.Port != (proto.Port{Address: "127.0.0.1", Port: 5173}) {
+	if res == nil || res.Port == nil || *res.Port != (coordinator.Port{Address: "127.0.0.1", Port: 5173}) {
 		t.Fatalf("wait for 5173 = %+v", res)
 	}
 	j, err := e.svc.Job(t.Context(), id)
@@ -113,7 +113,7 @@ func TestPorts(t *testing.T) {
 	}
 	// Gone and back: not notified again.
 	e.event(activity(id, 3, now, time.Time{}))
-	e.event(activity(id, 4, now, time.Time{}, proto.Port{Address: "127.0.0.1", Port: 5173}))
+	e.event(activity(id, 4, now, time.Time{}, coordinator.Port{Address: "127.0.0.1", Port: 5173}))
 	notes := e.wantNotes("1 port success \"listening on [::1]:24678\"\n2 port success \"listening on 127.0.0.1:5173\"\n")
 	if notes[1].Summary != `Async command "vite" is listening on 127.0.0.1:5173` || !strings.Contains(notes[1].Text, "detail: listening on 127.0.0.1:5173") {
 		t.Fatalf("port notification %+v", notes[1])
@@ -155,9 +155,9 @@ func TestTTYRequest(t *testing.T) {
 		req   coordinator.StartRequest
 		field string
 	}{
-		{coordinator.StartRequest{TTYSize: &proto.TTYSize{Rows: 24, Cols: 80}}, "tty_size applies only"},
-		{coordinator.StartRequest{TTY: true, TTYSize: &proto.TTYSize{Rows: 0, Cols: 80}}, "tty_size.rows"},
-		{coordinator.StartRequest{TTY: true, TTYSize: &proto.TTYSize{Rows: 24, Cols: 100000}}, "tty_size.cols"},
+		{coordinator.StartRequest{TTYSize: &coordinator.TTYSize{Rows: 24, Cols: 80}}, "tty_size applies only"},
+		{coordinator.StartRequest{TTY: true, TTYSize: &coordinator.TTYSize{Rows: 0, Cols: 80}}, "tty_size.rows"},
+		{coordinator.StartRequest{TTY: true, TTYSize: &coordinator.TTYSize{Rows: 24, Cols: 100000}}, "tty_size.cols"},
 	} {
 		tt.req.Command, tt.req.Cwd = "true", "/"
 		if _, err := e.svc.Start(t.Context(), tt.req); coordinator.ErrorCode(err) != coordinator.EINVALID || !strings.Contains(err.Error(), tt.field) {
@@ -165,30 +165,30 @@ func TestTTYRequest(t *testing.T) {
 		}
 	}
 	id := e.start(coordinator.StartRequest{TTY: true})
-	if err := e.svc.Resize(t.Context(), id, proto.TTYSize{Rows: 0, Cols: 80}); coordinator.ErrorCode(err) != coordinator.EINVALID || !strings.Contains(err.Error(), "rows") {
+	if err := e.svc.Resize(t.Context(), id, coordinator.TTYSize{Rows: 0, Cols: 80}); coordinator.ErrorCode(err) != coordinator.EINVALID || !strings.Contains(err.Error(), "rows") {
 		t.Fatalf("resize to 0 rows: %v", err)
 	}
-	if err := e.svc.Resize(t.Context(), id, proto.TTYSize{Rows: 50, Cols: 132}); err != nil {
+	if err := e.svc.Resize(t.Context(), id, coordinator.TTYSize{Rows: 50, Cols: 132}); err != nil {
 		t.Fatal(err)
 	}
-	if j, _ := e.svc.Job(t.Context(), id); j.TTYSize == nil || *j.TTYSize != (proto.TTYSize{Rows: 50, Cols: 132}) {
+	if j, _ := e.svc.Job(t.Context(), id); j.TTYSize == nil || *j.TTYSize != (coordinator.TTYSize{Rows: 50, Cols: 132}) {
 		t.Fatalf("job after resize: %+v", j)
 	}
-	var sent *proto.Control
+	var sent *coordinator.Control
 	for _, c := range e.disp.Controls() {
 		if c.Op == proto.OpResize {
 			sent = c
 		}
 	}
-	if sent == nil || sent.JobID != id || *sent.Size != (proto.TTYSize{Rows: 50, Cols: 132}) {
+	if sent == nil || sent.JobID != id || *sent.Size != (coordinator.TTYSize{Rows: 50, Cols: 132}) {
 		t.Fatalf("control sent: %+v", sent)
 	}
 	plain := e.start(coordinator.StartRequest{})
-	if err := e.svc.Resize(t.Context(), plain, proto.TTYSize{Rows: 50, Cols: 132}); coordinator.ErrorCode(err) != coordinator.ECONFLICT {
+	if err := e.svc.Resize(t.Context(), plain, coordinator.TTYSize{Rows: 50, Cols: 132}); coordinator.ErrorCode(err) != coordinator.ECONFLICT {
 		t.Fatalf("resize of a job without a terminal: %v", err)
 	}
 	e.exit(id, proto.ReasonExit, 0, 0)
-	if err := e.svc.Resize(t.Context(), id, proto.TTYSize{Rows: 50, Cols: 132}); coordinator.ErrorCode(err) != coordinator.ECONFLICT {
+	if err := e.svc.Resize(t.Context(), id, coordinator.TTYSize{Rows: 50, Cols: 132}); coordinator.ErrorCode(err) != coordinator.ECONFLICT {
 		t.Fatalf("resize of an ended job: %v", err)
 	}
 	// A tty job's input goes to its terminal: it needs no stdin: true.
@@ -207,7 +207,7 @@ func TestPortNotesBounded(t *testing.T) {
 	e := newEnv(t, func(c *coordinator.Config) { c.RunnerDeadline = 24 * time.Hour })
 	id := e.start(coordinator.StartRequest{})
 	for i := range coordinator.MaxPortNotes + 5 {
-		e.event(activity(id, int64(i+1), e.clk.Now(), time.Time{}, proto.Port{Address: "127.0.0.1", Port: 10000 + i}))
+		e.event(activity(id, int64(i+1), e.clk.Now(), time.Time{}, coordinator.Port{Address: "127.0.0.1", Port: 10000 + i}))
 	}
 	if n := len(e.notes("default", 0)); n != coordinator.MaxPortNotes {
 		t.Fatalf("%d port notifications, want %d", n, coordinator.MaxPortNotes)

@@ -11,8 +11,8 @@ import (
 )
 
 // beat is a heartbeat of runner r1 listing the jobs it runs.
-func beat(boot, at time.Time, jobs ...string) *proto.Heartbeat {
-	hb := heartbeat(boot, at)
+func beat(boot time.Time, jobs ...string) *coordinator.Heartbeat {
+	hb := heartbeat(boot)
 	hb.Slots, hb.Running, hb.Jobs = 8, len(jobs), jobs
 	return hb
 }
@@ -35,9 +35,9 @@ func TestLostJobFenced(t *testing.T) {
 	clk := &clock{now: time.Date(2026, 11, 29, 18, 0, 0, 0, time.UTC)}
 	e := openEnv(t, dir, clk, testConfig(clk))
 	boot := clk.Now()
-	e.svc.HandleHeartbeat(beat(boot, clk.Now()))
+	e.svc.HandleHeartbeat(beat(boot))
 	id := e.start(coordinator.StartRequest{Command: "sleep 100"})
-	e.svc.HandleHeartbeat(beat(boot, clk.Now(), id))
+	e.svc.HandleHeartbeat(beat(boot, id))
 	if k := waitKills(t, e, 0); len(k) != 0 {
 		t.Fatalf("kills %v for a job running where the coordinator has it", k)
 	}
@@ -53,7 +53,7 @@ func TestLostJobFenced(t *testing.T) {
 	ev := event(proto.EventExited, id, clk.Now())
 	ev.ExitCode, ev.Reason = &code, proto.ReasonExit
 	e.event(ev)
-	e.svc.HandleHeartbeat(beat(boot, clk.Now(), id))
+	e.svc.HandleHeartbeat(beat(boot, id))
 	if k := waitKills(t, e, 1); !slices.Equal(k, []string{id}) {
 		t.Fatalf("kills %v, want one of %s", k, id)
 	}
@@ -66,7 +66,7 @@ func TestLostJobFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.svc.HandleHeartbeat(beat(boot, clk.Now(), res.Job.ID))
+	e.svc.HandleHeartbeat(beat(boot, res.Job.ID))
 	if k := waitKills(t, e, 1); len(k) != 1 {
 		t.Fatalf("kills %v, want still one", k)
 	}
@@ -74,7 +74,7 @@ func TestLostJobFenced(t *testing.T) {
 	// A coordinator that restarted has no memory of the fence, and needs none.
 	e.stop()
 	e = openEnv(t, dir, clk, testConfig(clk))
-	e.svc.HandleHeartbeat(beat(boot, clk.Now(), id, res.Job.ID))
+	e.svc.HandleHeartbeat(beat(boot, id, res.Job.ID))
 	if k := waitKills(t, e, 1); !slices.Equal(k, []string{id}) {
 		t.Fatalf("kills after the restart %v, want one of %s", k, id)
 	}

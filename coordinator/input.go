@@ -26,7 +26,7 @@ func (s *Service) Input(ctx context.Context, id string, data []byte, closeIt boo
 	if err != nil {
 		return err
 	}
-	reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpStdin, JobID: id, Data: data, Close: closeIt})
+	reply, err := s.disp.Control(ctx, runner, &Control{Op: proto.OpStdin, JobID: id, Data: data, Close: closeIt})
 	if err != nil {
 		return Errorf(EUNAVAILABLE, "Runner %s did not answer: %v.", runner, err)
 	}

@@ -37,17 +37,33 @@ func (s Status) Valid() bool {
 	return false
 }
 
-// Limits bound one job (see proto.Limits); zero means the default.
-type Limits = proto.Limits
+// Limits bound one job; zero means the default (for output and timeout: none). The JSON names are
+// the ones the store has always kept.
+type Limits struct {
+	MemoryBytes   int64 `json:"memory_bytes,omitempty"`
+	CPUMillicores int64 `json:"cpu_millicores,omitempty"`
+	Pids          int64 `json:"pids,omitempty"`
+	OutputBytes   int64 `json:"output_bytes,omitempty"`
+	TimeoutMS     int64 `json:"timeout_ms,omitempty"`
+}
 
-// Usage is what a job consumed.
-type Usage = proto.Usage
+// Usage is what a job consumed, read from its cgroup by its runner.
+type Usage struct {
+	CPUMS           int64  `json:"cpu_ms"`
+	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
+}
 
-// TTYSize is the size of a job's terminal.
-type TTYSize = proto.TTYSize
+// TTYSize is the size of a job's terminal, in character cells.
+type TTYSize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
 
 // Port is a TCP address a job listens on.
-type Port = proto.Port
+type Port struct {
+	Address string `json:"address"`
+	Port    int    `json:"port"`
+}
 
 // Job is one command: what was asked, where it runs and how it ended. It is stored whole; the HTTP
 // adapter decides what the API shows.
@@ -81,7 +97,7 @@ type Job struct {
 	Usage       *Usage     `json:"usage,omitempty"`
 	// WorkSeq is the sequence of the job's work message in the work stream, to withdraw it while queued.
 	WorkSeq uint64 `json:"work_seq,omitempty"`
-	// Claim is the job's proto.Work.Claim: only an event or chunk that carries it is the job's. The
+	// Claim is the job's Work.Claim: only an event or chunk that carries it is the job's. The
 	// API never shows it.
 	Claim string `json:"claim,omitempty"`
 	// Notify, Monitor and Persistent are what the request asked to be told about the output.
@@ -160,7 +176,7 @@ func newJobID(now time.Time) string {
 	return ms + strings.Repeat("0", 4-len(r)) + r
 }
 
-// newClaim returns a random claim token (proto.Work.Claim): 128 bits in 32 hex digits.
+// newClaim returns a random claim token (Work.Claim): 128 bits in 32 hex digits.
 func newClaim() string {
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {

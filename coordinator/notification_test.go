@@ -123,15 +123,15 @@ var renderCases = []renderCase{
 		return last(t, patient, coordinator.StartRequest{Title: "npm init", TTY: true}, func(e *env, id string) {
 			e.chunk(id, 0, "This utility will walk you through creating a package.json file.\r\n\r\npackage name: \x1b[2m(web)\x1b[22m ")
 			now := e.clk.Now()
-			e.event(&proto.Event{V: proto.Version, Kind: proto.EventActivity, JobID: id, Runner: "r1", Time: now, Seq: 1, InputSince: &now})
+			e.event(&coordinator.Event{Kind: proto.EventActivity, JobID: id, Runner: "r1", Time: now, Seq: 1, InputSince: &now})
 			e.clk.advance(10 * time.Second)
 			e.eventually("docs", 1)
 		})
 	}},
 	{"port, success", func(t *testing.T) *coordinator.Notification {
 		return last(t, nil, coordinator.StartRequest{Title: "npm run dev"}, func(e *env, id string) {
-			e.event(&proto.Event{V: proto.Version, Kind: proto.EventActivity, JobID: id, Runner: "r1", Time: e.clk.Now(), Seq: 1,
-				Ports: []proto.Port{{Address: "127.0.0.1", Port: 5173}}})
+			e.event(&coordinator.Event{Kind: proto.EventActivity, JobID: id, Runner: "r1", Time: e.clk.Now(), Seq: 1,
+				Ports: []coordinator.Port{{Address: "127.0.0.1", Port: 5173}}})
 		})
 	}},
 	{"monitor, success", func(t *testing.T) *coordinator.Notification {

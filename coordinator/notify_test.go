@@ -90,7 +90,7 @@ func (e *env) start(req coordinator.StartRequest) string {
 	return res.Job.ID
 }
 
-func (e *env) event(ev *proto.Event) {
+func (e *env) event(ev *coordinator.Event) {
 	e.t.Helper()
 	if err := e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, ev)); err != nil {
 		e.t.Fatal(err)
@@ -99,7 +99,7 @@ func (e *env) event(ev *proto.Event) {
 
 func (e *env) chunk(id string, off int64, data string) {
 	e.t.Helper()
-	if err := e.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(e.svc, &proto.Chunk{JobID: id, Offset: off, Data: []byte(data)})); err != nil {
+	if err := e.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(e.svc, &coordinator.Chunk{JobID: id, Offset: off, Data: []byte(data)})); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -111,8 +111,8 @@ func (e *env) exit(id, reason string, code int, size int64) {
 }
 
 // exitEvent is the exit event of a job with reason and code (code < 0: none) after size bytes.
-func exitEvent(id, reason string, code int, size int64, at time.Time) *proto.Event {
-	ev := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: at, Reason: reason, OutputBytes: size}
+func exitEvent(id, reason string, code int, size int64, at time.Time) *coordinator.Event {
+	ev := &coordinator.Event{Kind: proto.EventExited, JobID: id, Runner: "r1", Time: at, Reason: reason, OutputBytes: size}
 	if code >= 0 {
 		ev.ExitCode = &code
 	}
@@ -264,7 +264,7 @@ func TestObserved(t *testing.T) {
 			}
 			e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, event(proto.EventStarted, jobs[0].ID, e.clk.Now())))
 			code := 1
-			e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: jobs[0].ID, Runner: "r1", Time: e.clk.Now(), Reason: proto.ReasonExit, ExitCode: &code}))
+			e.svc.HandleEvent(context.Background(), coordinatortest.Claimed(e.svc, &coordinator.Event{Kind: proto.EventExited, JobID: jobs[0].ID, Runner: "r1", Time: e.clk.Now(), Reason: proto.ReasonExit, ExitCode: &code}))
 		}()
 		res, err := e.svc.Start(t.Context(), coordinator.StartRequest{Command: "false", Cwd: "/", BlockUntil: 5 * time.Second})
 		if err != nil || res.Backgrounded || res.Job.Status != coordinator.StatusFailed {
@@ -592,7 +592,7 @@ func TestMonitorStdoutOnly(t *testing.T) {
 	}
 	stderr := func(off int64, data string) {
 		t.Helper()
-		if err := e.svc.HandleChunk(t.Context(), coordinatortest.ClaimedChunk(e.svc, &proto.Chunk{JobID: id, Offset: off, Data: []byte(data), Stderr: true})); err != nil {
+		if err := e.svc.HandleChunk(t.Context(), coordinatortest.ClaimedChunk(e.svc, &coordinator.Chunk{JobID: id, Offset: off, Data: []byte(data), Stderr: true})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -629,7 +629,7 @@ func TestMonitorStdoutOnly(t *testing.T) {
 func TestSessionEnd(t *testing.T) {
 	e := newEnv(t)
 	running := e.start(coordinator.StartRequest{Session: "s1", NotifyOnOutput: &coordinator.OutputNotify{Pattern: "x"}})
-	e.event(&proto.Event{V: proto.Version, Kind: proto.EventAccepted, JobID: running, Runner: "r1", Time: e.clk.Now()})
+	e.event(&coordinator.Event{Kind: proto.EventAccepted, JobID: running, Runner: "r1", Time: e.clk.Now()})
 	other := e.start(coordinator.StartRequest{Session: "s2"})
 	e.disp.SetWithdraw(true)
 	queued, err := e.svc.Start(t.Context(), coordinator.StartRequest{Command: "sleep 1", Cwd: "/", Session: "s1"})
@@ -670,7 +670,7 @@ func TestLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := e.start(coordinator.StartRequest{Session: "agent"})
-	e.event(&proto.Event{V: proto.Version, Kind: proto.EventAccepted, JobID: id, Runner: "r1", Time: e.clk.Now()})
+	e.event(&coordinator.Event{Kind: proto.EventAccepted, JobID: id, Runner: "r1", Time: e.clk.Now()})
 	for range 3 {
 		e.clk.advance(600 * time.Millisecond)
 		e.svc.TouchSession("agent")

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"io"
 	"time"
-
-	"github.com/sbx-dev/sbx/proto"
 )
 
 // JobStore keeps jobs durably.
@@ -56,11 +54,11 @@ type OutputStore interface {
 // Dispatcher hands work to the runners and talks to them.
 type Dispatcher interface {
 	// Dispatch queues the work and returns its sequence in the work stream.
-	Dispatch(ctx context.Context, w *proto.Work) (uint64, error)
+	Dispatch(ctx context.Context, w *Work) (uint64, error)
 	// Withdraw removes queued work that no runner took yet. It reports false when it was already taken.
 	Withdraw(ctx context.Context, seq uint64) (bool, error)
 	// Control sends a request to one runner and returns its reply.
-	Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error)
+	Control(ctx context.Context, runner string, c *Control) (*ControlReply, error)
 }
 
 // Store is everything the coordinator keeps durably.

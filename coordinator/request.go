@@ -65,7 +65,10 @@ type StartRequest struct {
 }
 
 // Source is where a job's output comes from when it runs no command.
-type Source = proto.Source
+type Source struct {
+	// WS is a ws:// or wss:// URL; each message received is one or more output lines.
+	WS string `json:"ws"`
+}
 
 // validateSource checks a source job's fields; its cwd, which nothing uses, defaults to "/".
 func (r *StartRequest) validateSource() error {
@@ -79,7 +82,7 @@ func (r *StartRequest) validateSource() error {
 	case r.TTY:
 		return Errorf(EINVALID, "tty: a WebSocket source has no terminal.")
 	}
-	if err := r.Source.Validate(); err != nil {
+	if err := (&proto.Source{WS: r.Source.WS}).Validate(); err != nil {
 		return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
 	}
 	if r.Cwd == "" {
@@ -151,7 +154,10 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 	if err := validSession(r.Session); err != nil {
 		return err
 	}
-	if err := r.Limits.Validate(); err != nil {
+	// The wire's validators, on a copy: the runner holds the work to the same bounds and words.
+	l := r.Limits
+	wire := proto.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, OutputBytes: l.OutputBytes, TimeoutMS: l.TimeoutMS}
+	if err := wire.Validate(); err != nil {
 		return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
 	}
 	if m := r.Limits.MemoryBytes; m != 0 && m < MinMemoryBytes {
@@ -182,7 +188,7 @@ func (r *StartRequest) validate(checkCwd bool, minDebounce time.Duration) error 
 		if !r.TTY {
 			return Errorf(EINVALID, "tty_size applies only to a job with tty: true.")
 		}
-		if err := r.TTYSize.Validate("tty_size"); err != nil {
+		if err := (proto.TTYSize{Rows: r.TTYSize.Rows, Cols: r.TTYSize.Cols}).Validate("tty_size"); err != nil {
 			return Errorf(EINVALID, "%s.", strings.TrimPrefix(err.Error(), proto.ErrInvalid.Error()+": "))
 		}
 	}

@@ -34,12 +34,12 @@ func runJob(t *testing.T, svc *coordinator.Service, clk *clock, out string) stri
 		t.Fatal(err)
 	}
 	if out != "" {
-		if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte(out)})); err != nil {
+		if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &coordinator.Chunk{JobID: id, Offset: 0, Data: []byte(out)})); err != nil {
 			t.Fatal(err)
 		}
 	}
 	code := 0
-	exit := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: clk.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: int64(len(out))}
+	exit := &coordinator.Event{Kind: proto.EventExited, JobID: id, Runner: "r1", Time: clk.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: int64(len(out))}
 	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, exit)); err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"sort"
 	"time"
-
-	"github.com/sbx-dev/sbx/proto"
 )
 
 // Runner is what the coordinator knows of a runner from its heartbeats.
@@ -27,7 +25,7 @@ type Runner struct {
 
 // HandleHeartbeat records a runner's heartbeat. A new boot time means the runner restarted: the jobs
 // it had taken before are lost (markLost ends them).
-func (s *Service) HandleHeartbeat(h *proto.Heartbeat) {
+func (s *Service) HandleHeartbeat(h *Heartbeat) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.runners[h.Runner] = &Runner{

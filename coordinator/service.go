@@ -415,8 +415,8 @@ func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id
 		job.Limits.TimeoutMS = s.cfg.MonitorTimeout.Milliseconds()
 	}
 	job.OutputPath = s.out.Path(job.ID)
-	work := &proto.Work{
-		V: proto.Version, JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
+	work := &Work{
+		JobID: job.ID, Command: job.Command, Cwd: job.Cwd, Env: req.Env,
 		Readonly: job.Readonly, User: job.User, Shell: job.Shell, Linger: job.Linger, LingerCgroup: job.LingerCgroup, Stdin: job.Stdin, Pool: job.Pool, Limits: job.Limits,
 		Claim:          job.Claim,
 		SeparateStderr: job.Monitor && !job.TTY, Source: job.Source, // a terminal has one output
@@ -813,7 +813,7 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 	if runner == "" {
 		return Errorf(ECONFLICT, "Job %s is queued; only kill can stop it before it starts.", id)
 	}
-	reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: op, JobID: id, Signal: signal})
+	reply, err := s.disp.Control(ctx, runner, &Control{Op: op, JobID: id, Signal: signal})
 	if err != nil {
 		return Errorf(EUNAVAILABLE, "Runner %s did not answer: %v.", runner, err)
 	}
@@ -859,7 +859,7 @@ func (s *Service) checkOwnerLocked(j *Job, kind, runner, claim string) error {
 // HandleEvent applies a runner's state event. It returns only after the change is stored. e.Runner
 // must be the runner the adapter knows sent it (the event subject's); an event whose claim or
 // runner is not its job's is ErrForged.
-func (s *Service) HandleEvent(ctx context.Context, e *proto.Event) error {
+func (s *Service) HandleEvent(ctx context.Context, e *Event) error {
 	received := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1011,7 +1011,7 @@ func (s *Service) stopStrayLocked(runner, id string) {
 		defer s.strays.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpKill, JobID: id})
+		reply, err := s.disp.Control(ctx, runner, &Control{Op: proto.OpKill, JobID: id})
 		s.mu.Lock()
 		delete(s.stopping, id)
 		s.mu.Unlock()
@@ -1033,7 +1033,7 @@ const missingOutputGrace = 30 * time.Second
 
 // HandleChunk writes a piece of output into the job's terminal file. It returns only after the bytes
 // are written. A chunk whose claim or runner (c.Runner, the subject's) is not its job's is ErrForged.
-func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
+func (s *Service) HandleChunk(ctx context.Context, c *Chunk) error {
 	s.mu.Lock()
 	l, ok := s.live[c.JobID]
 	if ok && l.job.StartedAt == nil {
@@ -1093,7 +1093,7 @@ func (s *Service) HandleChunk(ctx context.Context, c *proto.Chunk) error {
 // watchOutputLocked hands the body's newly contiguous bytes [old, l.size) to the job's watch and
 // stores what it notifies. The chunk's own bytes are used when they are exactly the new part;
 // otherwise (the chunk closed a gap) the new part is read back from the file. s.mu is held.
-func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, c *proto.Chunk) error {
+func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, c *Chunk) error {
 	if l.watch == nil || l.quiet {
 		return nil
 	}

@@ -73,12 +73,12 @@ func newServiceDisp(t *testing.T, cfg coordinator.Config, d *coordinatortest.Dis
 	return svc
 }
 
-func event(kind, job string, at time.Time) *proto.Event {
-	return &proto.Event{V: proto.Version, Kind: kind, JobID: job, Runner: "r1", Time: at, Pid: 7}
+func event(kind, job string, at time.Time) *coordinator.Event {
+	return &coordinator.Event{Kind: kind, JobID: job, Runner: "r1", Time: at, Pid: 7}
 }
 
-func heartbeat(boot, at time.Time) *proto.Heartbeat {
-	return &proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 1, Boot: boot, Time: at}
+func heartbeat(boot time.Time) *coordinator.Heartbeat {
+	return &coordinator.Heartbeat{Runner: "r1", Pool: "default", Slots: 1, Boot: boot}
 }
 
 // TestLost: a job is lost when its runner restarts, when its runner falls silent, or when it was
@@ -90,25 +90,25 @@ func TestLost(t *testing.T) {
 	}{
 		{"runner restarted", func(svc *coordinator.Service, clk *clock, id string) {
 			boot := clk.Now()
-			svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
+			svc.HandleHeartbeat(heartbeat(boot))
 			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventAccepted, id, clk.Now())))
 			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
 			clk.advance(time.Second)
-			svc.HandleHeartbeat(heartbeat(clk.Now(), clk.Now()))
+			svc.HandleHeartbeat(heartbeat(clk.Now()))
 		}},
 		{"runner silent", func(svc *coordinator.Service, clk *clock, id string) {
-			svc.HandleHeartbeat(heartbeat(clk.Now(), clk.Now()))
+			svc.HandleHeartbeat(heartbeat(clk.Now()))
 			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventAccepted, id, clk.Now())))
 			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
 			clk.advance(16 * time.Second)
 		}},
 		{"never started", func(svc *coordinator.Service, clk *clock, id string) {
 			boot := clk.Now()
-			svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
+			svc.HandleHeartbeat(heartbeat(boot))
 			svc.HandleEvent(context.Background(), coordinatortest.Claimed(svc, event(proto.EventAccepted, id, clk.Now())))
 			for range 7 { // the runner keeps beating, but the start never comes
 				clk.advance(10 * time.Second)
-				svc.HandleHeartbeat(heartbeat(boot, clk.Now()))
+				svc.HandleHeartbeat(heartbeat(boot))
 			}
 		}},
 	}
@@ -137,18 +137,18 @@ func TestExitWaitsForOutput(t *testing.T) {
 	res, _ := svc.Start(ctx, coordinator.StartRequest{Command: "echo", Cwd: "/"})
 	id := res.Job.ID
 	svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
-	if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 3, Data: []byte("def")})); err != nil {
+	if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &coordinator.Chunk{JobID: id, Offset: 3, Data: []byte("def")})); err != nil {
 		t.Fatal(err)
 	}
 	if j, _ := svc.Job(ctx, id); j.OutputBytes != 0 {
 		t.Fatalf("output_bytes %d counts past a gap", j.OutputBytes)
 	}
 	code := 0
-	exit := &proto.Event{V: proto.Version, Kind: proto.EventExited, JobID: id, Runner: "r1", Time: clk.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: 6}
+	exit := &coordinator.Event{Kind: proto.EventExited, JobID: id, Runner: "r1", Time: clk.Now(), ExitCode: &code, Reason: proto.ReasonExit, OutputBytes: 6}
 	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, exit)); !errors.Is(err, coordinator.ErrNotReady) {
 		t.Fatalf("exit before the output is whole: %v, want ErrNotReady", err)
 	}
-	if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("abc")})); err != nil {
+	if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &coordinator.Chunk{JobID: id, Offset: 0, Data: []byte("abc")})); err != nil {
 		t.Fatal(err)
 	}
 	if err := svc.HandleEvent(ctx, coordinatortest.Claimed(svc, exit)); err != nil {
@@ -170,11 +170,11 @@ func TestWaitPatternAcrossChunks(t *testing.T) {
 	svc.HandleEvent(ctx, coordinatortest.Claimed(svc, event(proto.EventStarted, id, clk.Now())))
 	re := regexp.MustCompile(`(?m)^ready on port \d+$`)
 	go func() {
-		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 0, Data: []byte("booting\nready on po")}))
+		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &coordinator.Chunk{JobID: id, Offset: 0, Data: []byte("booting\nready on po")}))
 		// The second half comes while the wait waits (were it not counted in 5 s, the wait would
 		// still find both halves).
 		poll.Within(5*time.Second, func() bool { return svc.Observers(id) == 1 })
-		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")}))
+		svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &coordinator.Chunk{JobID: id, Offset: 19, Data: []byte("rt 8080\n")}))
 	}()
 	w, err := svc.Wait(ctx, id, 5*time.Second, re)
 	if err != nil || !w.PatternMatched || w.Done || w.Matched != "ready on port 8080" || w.MatchedOffset != 8 {
@@ -207,7 +207,7 @@ func TestQueuedReason(t *testing.T) {
 	if r := res.Job.QueuedReason; r != "No runner of pool default is connected; the job starts when one joins." {
 		t.Errorf("without runners: %q", r)
 	}
-	hb := heartbeat(clk.Now(), clk.Now())
+	hb := heartbeat(clk.Now())
 	hb.Slots, hb.Running = 2, 2
 	svc.HandleHeartbeat(hb)
 	if r := reason(); r != "Every slot of pool default is busy (2 of 2 on 1 runners); the job starts when one frees." {
@@ -247,7 +247,7 @@ func TestWaitScansIncrementally(t *testing.T) {
 		t.Helper()
 		for len(data) > 0 {
 			n := min(len(data), 64<<10)
-			if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: size, Data: data[:n]})); err != nil {
+			if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &coordinator.Chunk{JobID: id, Offset: size, Data: data[:n]})); err != nil {
 				t.Fatal(err)
 			}
 			data, size = data[n:], size+int64(n)
@@ -330,7 +330,7 @@ func TestOutputBudget(t *testing.T) {
 		}
 		write := func(id string, off int, n int) {
 			t.Helper()
-			if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &proto.Chunk{JobID: id, Offset: int64(off), Data: make([]byte, n)})); err != nil {
+			if err := svc.HandleChunk(ctx, coordinatortest.ClaimedChunk(svc, &coordinator.Chunk{JobID: id, Offset: int64(off), Data: make([]byte, n)})); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -24,7 +24,7 @@ func (s *Service) Resize(ctx context.Context, id string, size TTYSize) error {
 	if err != nil {
 		return err
 	}
-	reply, err := s.disp.Control(ctx, runner, &proto.Control{V: proto.Version, Op: proto.OpResize, JobID: id, Size: &size})
+	reply, err := s.disp.Control(ctx, runner, &Control{Op: proto.OpResize, JobID: id, Size: &size})
 	if err != nil {
 		return Errorf(EUNAVAILABLE, "Runner %s did not answer: %v.", runner, err)
 	}

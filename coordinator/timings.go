@@ -1,15 +1,11 @@
 package coordinator
 
-import (
-	"time"
-
-	"github.com/sbx-dev/sbx/proto"
-)
+import "time"
 
 // Timings are when a job passed each stage of its way, in µs since this coordinator accepted its
 // start (Job.Timings; 0: not passed, or not known). The coordinator's own stages are read on its
 // monotonic clock; the runner's (taken, cgroup, exec, exit) are offsets on the runner's clock
-// (proto.Stages), placed on the coordinator's by the event that took least time to arrive: the
+// (Stages), placed on the coordinator's by the event that took least time to arrive: the
 // runner took the work at the earliest of receipt − sent_us over its events, so what an event
 // spends on its way is counted before taken, never inside the runner's steps. A stage is never
 // shown before the one it follows: when the estimate puts it earlier (a runner can take the work
@@ -47,7 +43,7 @@ type clock struct {
 	// taken is the runner's taking of the work on this clock (the least receipt − sent_us so far);
 	// runner are the runner's latest stages, relative to taken.
 	taken  int64
-	runner proto.Stages
+	runner Stages
 }
 
 // since is the µs from accepted to now (at least 1: 0 means not passed), or 0 when the job was not
@@ -60,7 +56,7 @@ func (c *clock) since(now time.Time) int64 {
 }
 
 // event takes a runner's stages, received at now.
-func (c *clock) event(st *proto.Stages, now time.Time) {
+func (c *clock) event(st *Stages, now time.Time) {
 	at := c.since(now)
 	if st == nil || at == 0 {
 		return

@@ -51,9 +51,9 @@ func newService(t *testing.T, cfg coordinator.Config) (*coordinator.Service, *co
 	if err != nil {
 		t.Fatal(err)
 	}
-	disp.SetControl(func(ctx context.Context, runner string, c *proto.Control) error {
-		return svc.HandleEvent(ctx, coordinatortest.Claimed(svc, &proto.Event{
-			V: proto.Version, Kind: proto.EventExited, JobID: c.JobID, Runner: runner, Time: time.Now(), Reason: proto.ReasonKilled,
+	disp.SetControl(func(ctx context.Context, runner string, c *coordinator.Control) error {
+		return svc.HandleEvent(ctx, coordinatortest.Claimed(svc, &coordinator.Event{
+			Kind: proto.EventExited, JobID: c.JobID, Runner: runner, Time: time.Now(), Reason: proto.ReasonKilled,
 		}))
 	})
 	return svc, disp
@@ -79,35 +79,35 @@ func newHarness(t *testing.T, token string) *harness {
 	return &harness{t: t, svc: svc, disp: disp, srv: srv, addr: "http://" + ln.Addr().String(), cwd: t.TempDir()}
 }
 
-func (h *harness) event(e *proto.Event) {
+func (h *harness) event(e *coordinator.Event) {
 	h.t.Helper()
-	e.V, e.Runner, e.Time = proto.Version, "r1", time.Now()
+	e.Runner, e.Time = "r1", time.Now()
 	if err := h.svc.HandleEvent(context.Background(), coordinatortest.Claimed(h.svc, e)); err != nil {
 		h.t.Error(err)
 	}
 }
 
 func (h *harness) begin(id string) {
-	h.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
-	h.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 7})
+	h.event(&coordinator.Event{Kind: proto.EventAccepted, JobID: id})
+	h.event(&coordinator.Event{Kind: proto.EventStarted, JobID: id, Pid: 7})
 }
 
 func (h *harness) output(id string, offset int64, data string) {
 	h.t.Helper()
-	if err := h.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(h.svc, &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
+	if err := h.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(h.svc, &coordinator.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
 		h.t.Error(err)
 	}
 }
 
 func (h *harness) exit(id string, code int, size int64) {
-	h.event(&proto.Event{Kind: proto.EventExited, JobID: id, Reason: proto.ReasonExit, ExitCode: &code, OutputBytes: size})
+	h.event(&coordinator.Event{Kind: proto.EventExited, JobID: id, Reason: proto.ReasonExit, ExitCode: &code, OutputBytes: size})
 }
 
 func TestJobLifecycle(t *testing.T) {
 	h := newHarness(t, "tok")
 	c := client.New(h.addr+"/", "tok")
 	ctx := t.Context()
-	h.disp.SetRun(func(w *proto.Work) {
+	h.disp.SetRun(func(w *coordinator.Work) {
 		h.begin(w.JobID)
 		h.output(w.JobID, 0, "hello\n")
 		h.exit(w.JobID, 0, 6)
@@ -167,7 +167,7 @@ func TestWaitAndKill(t *testing.T) {
 	c := client.New(h.addr, "")
 	c.Session = "hdr"
 	ctx := t.Context()
-	h.disp.SetRun(func(w *proto.Work) { h.begin(w.JobID) })
+	h.disp.SetRun(func(w *coordinator.Work) { h.begin(w.JobID) })
 
 	st, err := c.Start(ctx, client.StartRequest{Command: "serve", Cwd: h.cwd})
 	if err != nil {
@@ -250,7 +250,7 @@ func TestDo(t *testing.T) {
 	h := newHarness(t, "")
 	c := client.New(h.addr, "")
 	ctx := t.Context()
-	h.svc.HandleHeartbeat(&proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now(), Time: time.Now()})
+	h.svc.HandleHeartbeat(&coordinator.Heartbeat{Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now()})
 
 	raw, err := c.Do(ctx, "POST", "/v1/jobs", map[string]any{"command": "ls", "cwd": h.cwd})
 	if err != nil {
@@ -282,7 +282,7 @@ func TestDo(t *testing.T) {
 func TestFollowCut(t *testing.T) {
 	h := newHarness(t, "")
 	c := client.New(h.addr, "")
-	h.disp.SetRun(func(w *proto.Work) { h.begin(w.JobID) })
+	h.disp.SetRun(func(w *coordinator.Work) { h.begin(w.JobID) })
 	st, err := c.Start(t.Context(), client.StartRequest{Command: "tail -f", Cwd: h.cwd})
 	if err != nil {
 		t.Fatal(err)
@@ -328,7 +328,7 @@ func TestNotificationFormat(t *testing.T) {
 	h := newHarness(t, "")
 	c := client.New(h.addr, "")
 	ctx := t.Context()
-	h.disp.SetRun(func(w *proto.Work) {
+	h.disp.SetRun(func(w *coordinator.Work) {
 		h.begin(w.JobID)
 		h.exit(w.JobID, 0, 0)
 	})
@@ -424,7 +424,7 @@ func deadAddr(t *testing.T) string {
 // error reply of the first reachable one is returned, not taken as a reason to try another.
 func TestFailover(t *testing.T) {
 	h := newHarness(t, "")
-	h.svc.HandleHeartbeat(&proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now(), Time: time.Now()})
+	h.svc.HandleHeartbeat(&coordinator.Heartbeat{Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now()})
 	c, err := client.FromEnv(func(k string) string {
 		if k == "SBX_ADDR" {
 			return deadAddr(t) + ", " + h.addr

@@ -13,7 +13,6 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsbus"
 	"github.com/sbx-dev/sbx/internal/natstest"
-	"github.com/sbx-dev/sbx/proto"
 )
 
 // TestStartRetry: the coordinator makes the job and the connection is reset before the reply:
@@ -26,7 +25,7 @@ func TestStartRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc, _ := newService(t, coordinator.Config{Idempotency: bus})
-	svc.HandleHeartbeat(&proto.Heartbeat{V: proto.Version, Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now(), Time: time.Now()})
+	svc.HandleHeartbeat(&coordinator.Heartbeat{Runner: "r1", Pool: "default", Slots: 2, Version: "t", Boot: time.Now()})
 
 	api := httpapi.NewServer(svc, httpapi.Config{}).Handler()
 	var resets atomic.Int32 // starts still to answer with a reset

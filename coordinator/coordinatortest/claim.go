@@ -6,11 +6,10 @@ import (
 	"context"
 
 	"github.com/sbx-dev/sbx/coordinator"
-	"github.com/sbx-dev/sbx/proto"
 )
 
 // Claimed fills in the claim of e's job, as its runner would: it learnt it from the work.
-func Claimed(svc *coordinator.Service, e *proto.Event) *proto.Event {
+func Claimed(svc *coordinator.Service, e *coordinator.Event) *coordinator.Event {
 	if j, err := svc.Job(context.Background(), e.JobID); err == nil {
 		e.Claim = j.Claim
 	}
@@ -18,7 +17,7 @@ func Claimed(svc *coordinator.Service, e *proto.Event) *proto.Event {
 }
 
 // ClaimedChunk fills in the claim of c's job and, when unset, runner r1, as a runner's chunk has them.
-func ClaimedChunk(svc *coordinator.Service, c *proto.Chunk) *proto.Chunk {
+func ClaimedChunk(svc *coordinator.Service, c *coordinator.Chunk) *coordinator.Chunk {
 	if j, err := svc.Job(context.Background(), c.JobID); err == nil {
 		c.Claim = j.Claim
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/proto"
 )
 
@@ -14,16 +15,16 @@ import (
 type Dispatcher struct {
 	mu       sync.Mutex
 	seq      uint64
-	work     []*proto.Work
-	controls []*proto.Control
-	run      func(*proto.Work)
-	control  func(ctx context.Context, runner string, c *proto.Control) error
+	work     []*coordinator.Work
+	controls []*coordinator.Control
+	run      func(*coordinator.Work)
+	control  func(ctx context.Context, runner string, c *coordinator.Control) error
 	withdraw bool
 }
 
 // Dispatch records w and calls the run set, outside the lock: it may play the job's events back
 // into the service, which may dispatch again.
-func (d *Dispatcher) Dispatch(_ context.Context, w *proto.Work) (uint64, error) {
+func (d *Dispatcher) Dispatch(_ context.Context, w *coordinator.Work) (uint64, error) {
 	d.mu.Lock()
 	d.seq++
 	seq, run := d.seq, d.run
@@ -43,7 +44,7 @@ func (d *Dispatcher) Withdraw(context.Context, uint64) (bool, error) {
 }
 
 // Control records c and calls the control set, outside the lock, whose error it returns.
-func (d *Dispatcher) Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error) {
+func (d *Dispatcher) Control(ctx context.Context, runner string, c *coordinator.Control) (*coordinator.ControlReply, error) {
 	d.mu.Lock()
 	d.controls = append(d.controls, c)
 	control := d.control
@@ -52,18 +53,18 @@ func (d *Dispatcher) Control(ctx context.Context, runner string, c *proto.Contro
 	if control != nil {
 		err = control(ctx, runner, c)
 	}
-	return &proto.ControlReply{V: proto.Version, Code: proto.ReplyOK}, err
+	return &coordinator.ControlReply{Code: proto.ReplyOK}, err
 }
 
 // SetRun makes every later Dispatch call run with its work.
-func (d *Dispatcher) SetRun(run func(*proto.Work)) {
+func (d *Dispatcher) SetRun(run func(*coordinator.Work)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.run = run
 }
 
 // SetControl makes every later Control call control with its request.
-func (d *Dispatcher) SetControl(control func(ctx context.Context, runner string, c *proto.Control) error) {
+func (d *Dispatcher) SetControl(control func(ctx context.Context, runner string, c *coordinator.Control) error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.control = control
@@ -77,17 +78,17 @@ func (d *Dispatcher) SetWithdraw(ok bool) {
 }
 
 // Works is the work dispatched so far, in order.
-func (d *Dispatcher) Works() []*proto.Work {
+func (d *Dispatcher) Works() []*coordinator.Work {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]*proto.Work(nil), d.work...)
+	return append([]*coordinator.Work(nil), d.work...)
 }
 
 // Controls is the control requests sent so far, in order.
-func (d *Dispatcher) Controls() []*proto.Control {
+func (d *Dispatcher) Controls() []*coordinator.Control {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]*proto.Control(nil), d.controls...)
+	return append([]*coordinator.Control(nil), d.controls...)
 }
 
 // Kills is the jobs a kill was sent for so far, in order.

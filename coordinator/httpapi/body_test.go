@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
-	"github.com/sbx-dev/sbx/proto"
 )
 
 // TestBodyTimeout: a client that sends its headers and part of its body gets an answer within the
@@ -90,7 +90,7 @@ func TestBodyTimeout(t *testing.T) {
 func TestBodyTimeoutLifted(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	h := newHarness(t, httpapi.Config{BodyTimeout: timeout})
-	h.disp.SetRun(func(w *proto.Work) {
+	h.disp.SetRun(func(w *coordinator.Work) {
 		h.begin(w.JobID)
 		go func() {
 			time.Sleep(3 * timeout) // the job outlasts the body timeout

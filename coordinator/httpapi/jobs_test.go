@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
-	"github.com/sbx-dev/sbx/proto"
 )
 
 func TestStartShape(t *testing.T) {
@@ -99,7 +99,7 @@ func TestStartBlock(t *testing.T) {
 	})
 	t.Run("backgrounded", func(t *testing.T) {
 		h := newHarness(t, httpapi.Config{})
-		h.disp.SetRun(func(w *proto.Work) {
+		h.disp.SetRun(func(w *coordinator.Work) {
 			h.begin(w.JobID)
 			h.output(w.JobID, 0, "so far")
 		})
@@ -328,7 +328,7 @@ func TestJobs(t *testing.T) {
 
 func TestKill(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
-	h.disp.SetControl(func(_ context.Context, _ string, c *proto.Control) error { h.killed(c.JobID); return nil })
+	h.disp.SetControl(func(_ context.Context, _ string, c *coordinator.Control) error { h.killed(c.JobID); return nil })
 
 	queued := h.start(map[string]any{"command": "sleep 10"}).Job.ID
 	var k struct{ Job job }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/internal/poll"
@@ -230,7 +231,7 @@ func TestStream(t *testing.T) {
 func TestEndSession(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
 	h.startOnly()
-	h.disp.SetControl(func(_ context.Context, _ string, c *proto.Control) error {
+	h.disp.SetControl(func(_ context.Context, _ string, c *coordinator.Control) error {
 		if c.Op == proto.OpKill {
 			go h.killed(c.JobID)
 		}

@@ -62,15 +62,15 @@ func newHarnessWith(t *testing.T, cfg httpapi.Config, ccfg coordinator.Config) *
 
 // heartbeat makes runner r1 of the default pool known.
 func (h *harness) heartbeat() {
-	h.svc.HandleHeartbeat(&proto.Heartbeat{
-		V: proto.Version, Runner: "r1", Pool: "default", Slots: 4, Readonly: true, Cgroup: "/sbx",
-		Version: "test", Boot: time.Now(), Time: time.Now(), Labels: map[string]string{"os": "linux"},
+	h.svc.HandleHeartbeat(&coordinator.Heartbeat{
+		Runner: "r1", Pool: "default", Slots: 4, Readonly: true, Cgroup: "/sbx",
+		Version: "test", Boot: time.Now(), Labels: map[string]string{"os": "linux"},
 	})
 }
 
-func (h *harness) event(e *proto.Event) {
+func (h *harness) event(e *coordinator.Event) {
 	h.t.Helper()
-	e.V, e.Runner = proto.Version, "r1"
+	e.Runner = "r1"
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
@@ -81,34 +81,34 @@ func (h *harness) event(e *proto.Event) {
 
 // begin plays "accepted" and "started" for a job.
 func (h *harness) begin(id string) {
-	h.event(&proto.Event{Kind: proto.EventAccepted, JobID: id})
-	h.event(&proto.Event{Kind: proto.EventStarted, JobID: id, Pid: 4242})
+	h.event(&coordinator.Event{Kind: proto.EventAccepted, JobID: id})
+	h.event(&coordinator.Event{Kind: proto.EventStarted, JobID: id, Pid: 4242})
 }
 
 // output appends data at offset.
 func (h *harness) output(id string, offset int64, data string) {
 	h.t.Helper()
-	if err := h.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(h.svc, &proto.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
+	if err := h.svc.HandleChunk(context.Background(), coordinatortest.ClaimedChunk(h.svc, &coordinator.Chunk{JobID: id, Offset: offset, Data: []byte(data)})); err != nil {
 		h.t.Error(err)
 	}
 }
 
 // exit plays the end of a job whose output was size bytes.
 func (h *harness) exit(id string, code int, size int64) {
-	h.event(&proto.Event{
+	h.event(&coordinator.Event{
 		Kind: proto.EventExited, JobID: id, Reason: proto.ReasonExit, ExitCode: &code,
-		OutputBytes: size, Usage: &proto.Usage{CPUMS: 12, MemoryPeakBytes: 1 << 20},
+		OutputBytes: size, Usage: &coordinator.Usage{CPUMS: 12, MemoryPeakBytes: 1 << 20},
 	})
 }
 
 // killed plays the end of a job killed by its runner.
 func (h *harness) killed(id string) {
-	h.event(&proto.Event{Kind: proto.EventExited, JobID: id, Reason: proto.ReasonKilled})
+	h.event(&coordinator.Event{Kind: proto.EventExited, JobID: id, Reason: proto.ReasonKilled})
 }
 
 // finishWith makes every dispatched job run at once, print out and exit with code.
 func (h *harness) finishWith(out string, code int) {
-	h.disp.SetRun(func(w *proto.Work) {
+	h.disp.SetRun(func(w *coordinator.Work) {
 		h.begin(w.JobID)
 		h.output(w.JobID, 0, out)
 		h.exit(w.JobID, code, int64(len(out)))
@@ -117,7 +117,7 @@ func (h *harness) finishWith(out string, code int) {
 
 // startOnly makes every dispatched job start and keep running.
 func (h *harness) startOnly() {
-	h.disp.SetRun(func(w *proto.Work) { h.begin(w.JobID) })
+	h.disp.SetRun(func(w *coordinator.Work) { h.begin(w.JobID) })
 }
 
 type reply struct {
@@ -405,7 +405,7 @@ func TestMetrics(t *testing.T) {
 	// Output with a wrong claim is refused and counted.
 	h.startOnly()
 	id := h.start(map[string]any{"command": "sleep 100"}).Job.ID
-	forged := &proto.Chunk{Runner: "r1", JobID: id, Claim: "0000000000000000", Offset: 0, Data: []byte("forged")}
+	forged := &coordinator.Chunk{Runner: "r1", JobID: id, Claim: "0000000000000000", Offset: 0, Data: []byte("forged")}
 	if err := h.svc.HandleChunk(t.Context(), forged); !errors.Is(err, coordinator.ErrForged) {
 		t.Fatalf("a chunk with a wrong claim: %v, want ErrForged", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/proto"
 )
@@ -16,7 +17,7 @@ func TestTTYAPI(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
 	h.startOnly()
 	id := h.start(map[string]any{"command": "npm init", "tty": true, "tty_size": map[string]int{"rows": 40, "cols": 100}}).Job.ID
-	if w := h.disp.Works(); len(w) != 1 || !w[0].TTY || *w[0].TTYSize != (proto.TTYSize{Rows: 40, Cols: 100}) {
+	if w := h.disp.Works(); len(w) != 1 || !w[0].TTY || *w[0].TTYSize != (coordinator.TTYSize{Rows: 40, Cols: 100}) {
 		t.Fatalf("work %+v", w)
 	}
 	view := func(id string) map[string]json.RawMessage {
@@ -32,7 +33,7 @@ func TestTTYAPI(t *testing.T) {
 	if r.status != http.StatusAccepted || !strings.Contains(string(r.body), `"tty_size":{"rows":50,"cols":132}`) {
 		t.Fatalf("resize: %d %s", r.status, r.body)
 	}
-	if c := h.disp.Controls(); len(c) != 1 || c[0].Op != proto.OpResize || *c[0].Size != (proto.TTYSize{Rows: 50, Cols: 132}) {
+	if c := h.disp.Controls(); len(c) != 1 || c[0].Op != proto.OpResize || *c[0].Size != (coordinator.TTYSize{Rows: 50, Cols: 132}) {
 		t.Fatalf("controls %+v", c)
 	}
 	for _, tt := range []struct {
@@ -72,7 +73,7 @@ func TestWaitPort(t *testing.T) {
 	h := newHarness(t, httpapi.Config{})
 	h.startOnly()
 	id := h.start(map[string]any{"command": "vite"}).Job.ID
-	h.event(&proto.Event{Kind: proto.EventActivity, JobID: id, Seq: 1, Ports: []proto.Port{{Address: "127.0.0.1", Port: 5173}}})
+	h.event(&coordinator.Event{Kind: proto.EventActivity, JobID: id, Seq: 1, Ports: []coordinator.Port{{Address: "127.0.0.1", Port: 5173}}})
 	type waitReply struct {
 		Done bool `json:"done"`
 		Port *struct {

@@ -321,7 +321,7 @@ func (b *Bus) Ready(ctx context.Context) error {
 	return nil
 }
 
-// Dispatch queues work on its pool's subject, de-duplicated by job id. It stamps the work's NotAfter
+// Dispatch queues work on its pool's subject, de-duplicated by job id. It stamps the message's NotAfter
 // with the moment it stops waiting for the stream's confirmation.
 //
 // A start it refuses must never run. A publish that fails before it is sent (the connection is down:
@@ -330,7 +330,8 @@ func (b *Bus) Ready(ctx context.Context) error {
 // published again, which the stream's de-duplication answers with the first copy's sequence, and that
 // sequence is withdrawn. Withdrawn: the start is refused; already taken by a runner: the job runs and
 // Dispatch succeeds. When even that fails, the work's NotAfter keeps it from starting unconfirmed.
-func (b *Bus) Dispatch(ctx context.Context, w *proto.Work) (seq uint64, err error) {
+func (b *Bus) Dispatch(ctx context.Context, work *coordinator.Work) (seq uint64, err error) {
+	w := wireWork(work)
 	defer func() { b.noteDispatch(err) }()
 	capability := proto.CapPlain
 	if w.Readonly {
@@ -471,12 +472,16 @@ func (b *Bus) CheckLink(ctx context.Context) error {
 }
 
 // Control sends a request to a runner and decodes its reply.
-func (b *Bus) Control(ctx context.Context, runner string, c *proto.Control) (*proto.ControlReply, error) {
+func (b *Bus) Control(ctx context.Context, runner string, c *coordinator.Control) (*coordinator.ControlReply, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.ControlTimeout)
 	defer cancel()
-	msg, err := b.nc.RequestWithContext(ctx, proto.ControlSubject(runner), proto.Encode(c))
+	msg, err := b.nc.RequestWithContext(ctx, proto.ControlSubject(runner), proto.Encode(wireControl(c)))
 	if err != nil {
 		return nil, fmt.Errorf("control %s: %w", runner, err)
 	}
-	return proto.DecodeControlReply(msg.Data)
+	reply, err := proto.DecodeControlReply(msg.Data)
+	if err != nil {
+		return nil, err
+	}
+	return domainControlReply(reply), nil
 }

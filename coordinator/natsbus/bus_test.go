@@ -323,7 +323,7 @@ func TestWithdrawTaken(t *testing.T) {
 	c := startCoordinator(t, nc, t.TempDir())
 	ctx := t.Context()
 	for i := range 20 {
-		seq, err := c.bus.Dispatch(ctx, &proto.Work{V: proto.Version, JobID: "w" + string(rune('a'+i)), Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"})
+		seq, err := c.bus.Dispatch(ctx, &coordinator.Work{JobID: "w" + string(rune('a'+i)), Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -473,7 +473,7 @@ type crashing struct {
 	hit chan struct{}
 }
 
-func (c *crashing) HandleEvent(ctx context.Context, e *proto.Event) error {
+func (c *crashing) HandleEvent(ctx context.Context, e *coordinator.Event) error {
 	if e.Kind == proto.EventExited {
 		close(c.hit)
 		<-ctx.Done()
@@ -564,8 +564,8 @@ func TestReadyChecksJetStream(t *testing.T) {
 			if err := bus.Ready(t.Context()); err != nil {
 				t.Fatalf("Ready on a working server: %v", err)
 			}
-			work := func(id string) *proto.Work {
-				return &proto.Work{V: proto.Version, JobID: id, Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"}
+			work := func(id string) *coordinator.Work {
+				return &coordinator.Work{JobID: id, Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"}
 			}
 			if _, err := bus.Dispatch(t.Context(), work("ok1")); err != nil {
 				t.Fatal(err)

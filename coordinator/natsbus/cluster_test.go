@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sbx-dev/sbx/coordinator"
 	"github.com/sbx-dev/sbx/internal/jsready"
 	"github.com/sbx-dev/sbx/internal/natstest"
 	"github.com/sbx-dev/sbx/internal/poll"
@@ -25,8 +26,8 @@ func TestReplicasSurviveLeaderLoss(t *testing.T) {
 	// while the link moves to another server fails rather than waits.
 	nc := natstest.Connect(t, cluster.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(-1))
 	ctx := t.Context()
-	work := func(id string) *proto.Work {
-		return &proto.Work{V: proto.Version, JobID: id, Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"}
+	work := func(id string) *coordinator.Work {
+		return &coordinator.Work{JobID: id, Command: "true", Cwd: "/", Pool: "default", Claim: "0123456789abcdef"}
 	}
 	bus, err := New(ctx, nc, Config{Replicas: 3})
 	if err != nil {

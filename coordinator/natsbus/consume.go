@@ -16,9 +16,9 @@ import (
 
 // Handler applies what the runners report. *coordinator.Service implements it.
 type Handler interface {
-	HandleEvent(ctx context.Context, e *proto.Event) error
-	HandleChunk(ctx context.Context, c *proto.Chunk) error
-	HandleHeartbeat(h *proto.Heartbeat)
+	HandleEvent(ctx context.Context, e *coordinator.Event) error
+	HandleChunk(ctx context.Context, c *coordinator.Chunk) error
+	HandleHeartbeat(h *coordinator.Heartbeat)
 	// Forged counts a message of a kind (coordinator.ForgedState...) dropped as forged and returns
 	// coordinator.ErrForged wrapped with why.
 	Forged(kind, why string) error
@@ -57,7 +57,7 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 			return
 		}
 		b.ensureWork(ctx, hb.Pool, hb.Readonly)
-		h.HandleHeartbeat(hb)
+		h.HandleHeartbeat(domainHeartbeat(hb))
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe heartbeats: %w", err)
@@ -235,7 +235,7 @@ func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) bool {
 	case kind == proto.KindOutput:
 		var c *proto.Chunk
 		if c, err = proto.DecodeChunk(msg.Subject(), msg.Headers(), msg.Data()); err == nil {
-			err = h.HandleChunk(ctx, c)
+			err = h.HandleChunk(ctx, domainChunk(c))
 		}
 	default:
 		var e *proto.Event
@@ -245,7 +245,7 @@ func (b *Bus) apply(ctx context.Context, h Handler, msg jetstream.Msg) bool {
 		case e.Runner != from || e.JobID != job:
 			err = h.Forged(coordinator.ForgedState, fmt.Sprintf("an event of job %s from runner %s on %s", e.JobID, e.Runner, msg.Subject()))
 		default:
-			err = h.HandleEvent(ctx, e)
+			err = h.HandleEvent(ctx, domainEvent(e))
 		}
 	}
 	switch {

@@ -90,7 +90,7 @@ func TestHeartbeatPools(t *testing.T) {
 	if !hasConsumer(t, bus, proto.WorkConsumer("fresh", proto.CapPlain)) {
 		t.Fatal("the new pool got no work consumer")
 	}
-	if _, err := bus.Dispatch(ctx, &proto.Work{V: proto.Version, JobID: "j1", Command: "true", Cwd: "/", Pool: "fresh", Claim: "c"}); err != nil {
+	if _, err := bus.Dispatch(ctx, &coordinator.Work{JobID: "j1", Command: "true", Cwd: "/", Pool: "fresh", Claim: "c"}); err != nil {
 		t.Fatalf("a job of the new pool: %v", err)
 	}
 }
@@ -111,7 +111,7 @@ func TestIdleWorkConsumersRemoved(t *testing.T) {
 		}
 		bus.ensureWork(ctx, pool, true)
 	}
-	if _, err := bus.Dispatch(ctx, &proto.Work{V: proto.Version, JobID: "j1", Command: "true", Cwd: "/", Pool: "gone", Claim: "c"}); err != nil {
+	if _, err := bus.Dispatch(ctx, &coordinator.Work{JobID: "j1", Command: "true", Cwd: "/", Pool: "gone", Claim: "c"}); err != nil {
 		t.Fatal(err)
 	}
 	bus.pools.dispatched("gone", t0) // as if dispatched at t0
@@ -137,7 +137,7 @@ func TestIdleWorkConsumersRemoved(t *testing.T) {
 		t.Fatalf("queued work after the removal: %+v, %v", info, err)
 	}
 	// The pool's next dispatch makes its consumer again.
-	if _, err := bus.Dispatch(ctx, &proto.Work{V: proto.Version, JobID: "j2", Command: "true", Cwd: "/", Pool: "gone", Claim: "c"}); err != nil {
+	if _, err := bus.Dispatch(ctx, &coordinator.Work{JobID: "j2", Command: "true", Cwd: "/", Pool: "gone", Claim: "c"}); err != nil {
 		t.Fatal(err)
 	}
 	if !hasConsumer(t, bus, proto.WorkConsumer("gone", proto.CapPlain)) {
