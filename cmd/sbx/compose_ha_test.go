@@ -30,6 +30,23 @@ func TestComposeHA(t *testing.T) {
 	if !leads(c1) {
 		leader, survivor = "coordinator-2", c1
 	}
+	// takeover waits until c (who) leads, at most 30 s after the fault at, then checks that each job
+	// of ids ended after the fault with all n lines of its output.
+	takeover := func(t *testing.T, c *client.Client, who, fault string, at time.Time, ids []string, n int) {
+		t.Helper()
+		for deadline := at.Add(30 * time.Second); !leads(c); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s does not lead 30 s after %s", who, fault)
+			}
+		}
+		t.Logf("%s leads %s after %s", who, time.Since(at).Round(time.Millisecond), fault)
+		for _, id := range ids {
+			if j := pollJob(t, ctx, c, id, 90*time.Second, jobEnded); j.EndedAt.Before(at) {
+				t.Errorf("job %s ended before %s: the case tests nothing for it", id, fault)
+			}
+			checkOutput(t, ctx, c, id, n)
+		}
+	}
 
 	t.Run("kill-leader", func(t *testing.T) {
 		const session, n = "kill-leader", 2000
@@ -47,18 +64,7 @@ func TestComposeHA(t *testing.T) {
 		}
 		killed := time.Now()
 		f.docker("kill", f.container(leader))
-		for deadline := time.Now().Add(30 * time.Second); !leads(survivor); time.Sleep(100 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the other coordinator does not lead 30 s after %s was killed", leader)
-			}
-		}
-		t.Logf("the other coordinator leads %s after %s was killed", time.Since(killed).Round(time.Millisecond), leader)
-		for _, id := range ids {
-			if j := pollJob(t, ctx, survivor, id, 90*time.Second, jobEnded); j.EndedAt.Before(killed) {
-				t.Errorf("job %s ended before %s was killed: the case tests nothing for it", id, leader)
-			}
-			checkOutput(t, ctx, survivor, id, n)
-		}
+		takeover(t, survivor, "the other coordinator", leader+" was killed", killed, ids, n)
 		finishedOnce(t, ctx, survivor, session, ids)
 		startedOnce(t, f.startLog(), tg)
 	})
@@ -109,18 +115,7 @@ func TestComposeHA(t *testing.T) {
 		cut := time.Now()
 		f.docker("network", "disconnect", network, ctr)
 		t.Cleanup(func() { _ = exec.Command("docker", "network", "connect", network, ctr).Run() })
-		for deadline := time.Now().Add(30 * time.Second); !leads(back); time.Sleep(100 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s does not lead 30 s after %s was cut off", leader, cutOff)
-			}
-		}
-		t.Logf("%s leads %s after %s was cut off", leader, time.Since(cut).Round(time.Millisecond), cutOff)
-		for _, id := range ids {
-			if j := pollJob(t, ctx, back, id, 90*time.Second, jobEnded); j.EndedAt.Before(cut) {
-				t.Errorf("job %s ended before %s was cut off: the case tests nothing for it", id, cutOff)
-			}
-			checkOutput(t, ctx, back, id, n)
-		}
+		takeover(t, back, leader, cutOff+" was cut off", cut, ids, n)
 		finishedOnce(t, ctx, back, session, ids)
 		startedOnce(t, f.startLog(), tg)
 	})
