@@ -36,7 +36,7 @@ type Format string
 
 // Formats of a notification's text (see docs/notifications.md).
 const (
-	// FormatSystem is the agent-tool <system_notification> format of API.md, as Cursor writes it.
+	// FormatSystem is the agent-tool <system_notification> format of docs/api.md, as Cursor writes it.
 	FormatSystem Format = "system_notification"
 	// FormatTask is Claude Code's <task-notification> format.
 	FormatTask Format = "task_notification"
@@ -87,7 +87,7 @@ func RenderAs(n *Notification, f Format) string {
 	return Render(n)
 }
 
-// Render returns the notification in the agent-tool <system_notification> format of API.md, which a
+// Render returns the notification in the agent-tool <system_notification> format of docs/api.md, which a
 // harness can put into a model's context as it is. It has no trailing newline. What came from the
 // job is escaped (&, <, >), so that output cannot close the frame or open one, and the lines of a
 // multi-line value after its first are indented, so that none reads as a field of the task.

@@ -190,7 +190,7 @@ func TestRenderings(t *testing.T) {
 	}
 }
 
-// TestRender: the text is API.md's rendering, byte for byte.
+// TestRender: the text is docs/api.md's rendering, byte for byte.
 func TestRender(t *testing.T) {
 	n := &coordinator.Notification{
 		Kind: coordinator.KindFinished, Status: "error", JobID: "123456", Title: "unit tests",

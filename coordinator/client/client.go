@@ -1,4 +1,4 @@
-// Package client is the Go client of sbx's HTTP API (see API.md). Its wire types are package api's,
+// Package client is the Go client of sbx's HTTP API (see docs/api.md). Its wire types are package api's,
 // which the server encodes too, so that it depends on the API and not on the server's code.
 package client
 
@@ -122,7 +122,7 @@ func SessionPath(id, suffix string) string { return api.SessionPath(id) + suffix
 // Error is an error reply of the API.
 type Error struct {
 	Status  int    // HTTP status
-	Code    string // "invalid", "not_found", "conflict", ... (API.md)
+	Code    string // "invalid", "not_found", "conflict", ... (docs/api.md)
 	Message string // one clear sentence
 }
 

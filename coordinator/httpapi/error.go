@@ -107,5 +107,5 @@ func (s *Server) notFound(mux *http.ServeMux, w http.ResponseWriter, r *http.Req
 		s.writeError(w, r, coordinator.Errorf(codeMethodNotAllowed, "%s is not allowed on %s; use %s.", r.Method, r.URL.Path, rec.header.Get("Allow")))
 		return
 	}
-	s.writeError(w, r, coordinator.Errorf(coordinator.ENOTFOUND, "No endpoint %s %s; see API.md.", r.Method, r.URL.Path))
+	s.writeError(w, r, coordinator.Errorf(coordinator.ENOTFOUND, "No endpoint %s %s; see docs/api.md.", r.Method, r.URL.Path))
 }

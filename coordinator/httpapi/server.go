@@ -1,4 +1,4 @@
-// Package httpapi is sbx's HTTP API (see API.md): it decodes and bounds requests, calls the
+// Package httpapi is sbx's HTTP API (see docs/api.md): it decodes and bounds requests, calls the
 // coordinator.Service and encodes its answers. It is the one place where domain error codes become
 // HTTP statuses.
 package httpapi

@@ -32,7 +32,7 @@ func sampleJob() *coordinator.Job {
 	}
 }
 
-// TestTerminalFile writes a job's life into its terminal file and compares it with the API.md format.
+// TestTerminalFile writes a job's life into its terminal file and compares it with the docs/api.md format.
 func TestTerminalFile(t *testing.T) {
 	terms, err := OpenTerminals(t.TempDir())
 	if err != nil {

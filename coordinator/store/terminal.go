@@ -28,7 +28,7 @@ const maxPadded = 999_999_999
 // timeLayout is the header's and footer's time format: UTC, milliseconds.
 const timeLayout = "2006-01-02T15:04:05.000Z"
 
-// Terminals keeps each job's output in <dir>/<id>.txt: a header, the raw output, a footer (see API.md).
+// Terminals keeps each job's output in <dir>/<id>.txt: a header, the raw output, a footer (see docs/api.md).
 // Files of running jobs stay open.
 type Terminals struct {
 	dir string
