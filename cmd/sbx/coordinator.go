@@ -139,9 +139,9 @@ func (c *coordinatorFlags) registerFleet(fs *flag.FlagSet) {
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", natsbus.DefaultLeaseTTL, "how long a leading coordinator may go unheard before another takes over (give every coordinator the same)")
 }
 
-// api is the HTTP API's listener and its server's settings. It is opened before anything else
+// apiListener is the HTTP API's listener and its server's settings. It is opened before anything else
 // starts, so that a mistake in them stops the process at once.
-type api struct {
+type apiListener struct {
 	ln  net.Listener
 	cfg httpapi.Config
 	url string // http://ADDR or https://ADDR
@@ -157,7 +157,7 @@ type api struct {
 // openAPI checks the coordinator's flags, reads the token and the TLS certificate, listens, and makes
 // the data directory private: what a coordinator checks before anything starts. Without a token it listens on loopback only:
 // anyone who reaches the API runs commands on the runners.
-func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
+func openAPI(cf coordinatorFlags, log *slog.Logger) (*apiListener, error) {
 	if err := checkMaxBlock("--mcp-max-block", cf.mcpMaxBlock); err != nil {
 		return nil, err
 	}
@@ -232,7 +232,7 @@ func openAPI(cf coordinatorFlags, log *slog.Logger) (*api, error) {
 	if host, _, err := net.SplitHostPort(cf.listen); err == nil && host != "" && !addr.IP.IsUnspecified() {
 		cfg.AllowedHosts = append(cfg.AllowedHosts, host)
 	}
-	a := &api{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes, outputBudget: outputBudget, minFreeDisk: minFreeDisk}
+	a := &apiListener{ln: ln, cfg: cfg, url: scheme + "://" + addr.String(), retainBytes: retainBytes, outputBudget: outputBudget, minFreeDisk: minFreeDisk}
 	if a.advertise, err = advertiseURL(cf.advertise, scheme, addr); err != nil {
 		ln.Close()
 		return nil, err

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/sbx-dev/sbx/coordinator/httpapi"
+	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/coordinator/natsauth"
 )
 
@@ -38,8 +38,8 @@ func enroll(ctx context.Context, bases, key, id, pool string) ([]byte, error) {
 func enrollAt(ctx context.Context, base, key, id, pool string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	body, _ := json.Marshal(httpapi.EnrollRequest{RunnerID: id, Pool: pool})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(base, "/")+httpapi.EnrollPath, bytes.NewReader(body))
+	body, _ := json.Marshal(api.EnrollRequest{RunnerID: id, Pool: pool})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(base, "/")+api.RouteEnroll, bytes.NewReader(body))
 	if err != nil {
 		return nil, usageError("--enroll: %v", err)
 	}
@@ -56,15 +56,13 @@ func enrollAt(ctx context.Context, base, key, id, pool string) ([]byte, error) {
 		return nil, fmt.Errorf("enroll: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error struct{ Message string } `json:"error"`
-		}
+		var e api.ErrorReply
 		if json.Unmarshal(data, &e) == nil && e.Error.Message != "" {
 			return nil, fmt.Errorf("enroll: %s", e.Error.Message)
 		}
 		return nil, fmt.Errorf("enroll: %s", resp.Status)
 	}
-	var reply httpapi.EnrollReply
+	var reply api.EnrollReply
 	if err := json.Unmarshal(data, &reply); err != nil || reply.Creds == "" {
 		return nil, fmt.Errorf("enroll: the reply holds no creds")
 	}

@@ -34,7 +34,7 @@ import (
 // the API to it. When the lease comes to this one, its forwarder hands the socket to the API
 // (httpapi.Handoff). When the lease is lost (NATS out of reach past the step-down, the process
 // frozen), the service stops, nothing of it is kept, and the coordinator is a standby again.
-func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *api, local bool, log *slog.Logger, ready func()) error {
+func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *apiListener, local bool, log *slog.Logger, ready func()) error {
 	id, err := coordinatorID(cf.data)
 	if err != nil {
 		return err
@@ -145,7 +145,7 @@ func (c *coordinatorRole) readyOnceLed(ctx context.Context) {
 
 // lead runs the service while this coordinator holds the lease: it makes the streams, loads the
 // state from JetStream into the local cache, takes the socket from the forwarder and serves.
-func (c *coordinatorRole) lead(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *api, local bool, log *slog.Logger) error {
+func (c *coordinatorRole) lead(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *apiListener, local bool, log *slog.Logger) error {
 	db, err := store.Open(filepath.Join(cf.data, "sbx.db"))
 	if err != nil {
 		return err

@@ -190,7 +190,7 @@ func serveConns(log *slog.Logger, ns *server.Server, auth *natsauth.Authority, r
 }
 
 // runServe runs serve's three parts until ctx ends or one of them stops.
-func runServe(ctx context.Context, sf *serveFlags, api *api, ns *server.Server, coordConn, runnerConn *nats.Conn, secrets []string, log *slog.Logger, stdout io.Writer) error {
+func runServe(ctx context.Context, sf *serveFlags, api *apiListener, ns *server.Server, coordConn, runnerConn *nats.Conn, secrets []string, log *slog.Logger, stdout io.Writer) error {
 	// The embedded server has no channel for its end; this goroutine ends with the deferred Shutdown.
 	nsDone := make(chan struct{})
 	go func() { ns.WaitForShutdown(); close(nsDone) }()

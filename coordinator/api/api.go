@@ -30,6 +30,7 @@ const (
 	RouteSession             = "/v1/sessions/{id}"
 	RouteSessionRenew        = "/v1/sessions/{id}/renew"
 	RouteRunners             = "/v1/runners"
+	RouteEnroll              = "/v1/enroll"
 	RouteOpenAPI             = "/v1/openapi.json"
 	RouteHealthz             = "/healthz"
 	RouteReadyz              = "/readyz"

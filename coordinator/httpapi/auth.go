@@ -29,7 +29,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		if !authed {
 			w.Header().Set("Connection", "close")
 		}
-		own := openPaths[r.URL.Path] || (s.cfg.Enroll != nil && r.URL.Path == EnrollPath)
+		own := openPaths[r.URL.Path] || (s.cfg.Enroll != nil && r.URL.Path == api.RouteEnroll)
 		if !own && !authed {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)
 			s.writeError(w, r, coordinator.Errorf(coordinator.EUNAUTHORIZED,

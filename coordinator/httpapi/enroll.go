@@ -14,29 +14,14 @@ import (
 	"time"
 
 	"github.com/sbx-dev/sbx/coordinator"
+	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/proto"
 )
-
-// EnrollPath is the route a runner with no creds of its own gets them from, with the enroll key.
-const EnrollPath = "/v1/enroll"
 
 // Minter mints a runner's NATS creds (the NATS authority's account key signs them): for runner id,
 // limited to pool's work when pool is set, valid for ttl.
 type Minter interface {
 	RunnerCreds(id, pool string, ttl time.Duration) ([]byte, error)
-}
-
-// EnrollRequest and EnrollReply are the bodies of POST /v1/enroll.
-type EnrollRequest struct {
-	RunnerID string `json:"runner_id"`
-	// Pool, when set, limits the creds to that pool's work.
-	Pool string `json:"pool,omitempty"`
-}
-
-type EnrollReply struct {
-	RunnerID string `json:"runner_id"`
-	// Creds is a NATS credentials file for the runner.
-	Creds string `json:"creds"`
 }
 
 // Enroller mints runner creds for callers that hold the enroll key. The enroll key is as strong as
@@ -132,7 +117,7 @@ func (e *Enroller) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeCode(w, coordinator.EUNAUTHORIZED, "Enrolling needs the header Authorization: Bearer KEY with the coordinator's enroll key.")
 		return
 	}
-	var req EnrollRequest
+	var req api.EnrollRequest
 	if err := decodeStrict(http.MaxBytesReader(w, r.Body, enrollMaxBody), &req); err != nil {
 		e.fail(src, err.Error())
 		writeCode(w, coordinator.EINVALID, "The body must be {\"runner_id\": ID, \"pool\": P} with pool optional: "+err.Error())
@@ -156,7 +141,7 @@ func (e *Enroller) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	e.log.Info("runner enrolled", "runner", req.RunnerID, "pool", req.Pool, "from", src)
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, EnrollReply{RunnerID: req.RunnerID, Creds: string(creds)})
+	writeJSON(w, http.StatusOK, api.EnrollReply{RunnerID: req.RunnerID, Creds: string(creds)})
 }
 
 // decodeStrict decodes one JSON object into v: no unknown fields, no key twice, nothing after it.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/coordinator/httpapi"
 	"github.com/sbx-dev/sbx/coordinator/natsauth"
 )
@@ -20,13 +21,13 @@ func TestEnrollRoute(t *testing.T) {
 	}
 	const key = "the-enroll-key-of-this-test"
 	h := newHarness(t, httpapi.Config{Token: "t", Enroll: httpapi.NewEnroller(key, auth, time.Hour, slog.New(slog.DiscardHandler))})
-	h.post(httpapi.EnrollPath, `{"runner_id":"r1"}`, "Authorization", "Bearer t").wantError(t, http.StatusUnauthorized, "unauthorized", "enroll key")
-	h.post(httpapi.EnrollPath, `{"runner_id":"r 1"}`, "Authorization", "Bearer "+key).wantError(t, http.StatusBadRequest, "invalid", "runner_id")
-	r := h.post(httpapi.EnrollPath, `{"runner_id":"r1","pool":"p"}`, "Authorization", "Bearer "+key)
+	h.post(api.RouteEnroll, `{"runner_id":"r1"}`, "Authorization", "Bearer t").wantError(t, http.StatusUnauthorized, "unauthorized", "enroll key")
+	h.post(api.RouteEnroll, `{"runner_id":"r 1"}`, "Authorization", "Bearer "+key).wantError(t, http.StatusBadRequest, "invalid", "runner_id")
+	r := h.post(api.RouteEnroll, `{"runner_id":"r1","pool":"p"}`, "Authorization", "Bearer "+key)
 	if r.status != http.StatusOK {
 		t.Fatalf("enroll: %d %s", r.status, r.body)
 	}
-	var reply httpapi.EnrollReply
+	var reply api.EnrollReply
 	if r.decode(t, &reply); reply.RunnerID != "r1" {
 		t.Fatalf("enroll: %s", r.body)
 	}
@@ -34,5 +35,5 @@ func TestEnrollRoute(t *testing.T) {
 		t.Fatalf("creds of %q (%v)", id, err)
 	}
 	// Without Config.Enroll there is no such route.
-	newHarness(t, httpapi.Config{}).post(httpapi.EnrollPath, `{"runner_id":"r1"}`).wantError(t, http.StatusNotFound, "not_found", "No endpoint")
+	newHarness(t, httpapi.Config{}).post(api.RouteEnroll, `{"runner_id":"r1"}`).wantError(t, http.StatusNotFound, "not_found", "No endpoint")
 }

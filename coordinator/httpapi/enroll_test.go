@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-dev/sbx/coordinator/api"
 	"github.com/sbx-dev/sbx/coordinator/natsauth"
 )
 
@@ -29,7 +30,7 @@ func TestEnrollStrict(t *testing.T) {
 	e.now = func() time.Time { return now }
 	post := func(key, body string) (int, map[string]any) {
 		t.Helper()
-		r := httptest.NewRequest(http.MethodPost, EnrollPath, strings.NewReader(body))
+		r := httptest.NewRequest(http.MethodPost, api.RouteEnroll, strings.NewReader(body))
 		r.RemoteAddr = "192.0.2.7:40000"
 		r.Header.Set("Authorization", "Bearer "+key)
 		w := httptest.NewRecorder()

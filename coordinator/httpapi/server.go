@@ -247,7 +247,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET "+api.RouteReadyz, s.handleReadyz)
 	mux.HandleFunc("GET "+api.RouteMetrics, s.handleMetrics)
 	if s.cfg.Enroll != nil {
-		mux.Handle("POST "+EnrollPath, s.cfg.Enroll)
+		mux.Handle("POST "+api.RouteEnroll, s.cfg.Enroll)
 	}
 	for pattern, h := range s.cfg.Handlers {
 		mux.Handle(pattern, h)
