@@ -139,15 +139,21 @@ func (h *harness) consume() {
 	t.Cleanup(cc.Stop)
 }
 
-// startRunner runs a runner until the test ends.
+// startRunner runs a runner on the harness's connection until the test ends.
 func (h *harness) startRunner(cfg Config) *Runner {
+	h.t.Helper()
+	return h.startRunnerOn(h.nc, cfg)
+}
+
+// startRunnerOn runs a runner on nc until the test ends.
+func (h *harness) startRunnerOn(nc *nats.Conn, cfg Config) *Runner {
 	h.t.Helper()
 	if cfg.ID == "" {
 		// One id for every test: each runner sweeps what an earlier test's left, and nothing piles up.
 		cfg.ID = "test"
 	}
 	cfg.Cgroup.Root = testCgroupRoot("sbx-runner-test")
-	r, err := New(h.nc, cfg)
+	r, err := New(nc, cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -705,5 +711,33 @@ func TestTTYJob(t *testing.T) {
 	e := awaitActivity(web, func(e *proto.Event) bool { return len(e.Ports) > 0 })
 	if e.Ports[0].Address != "127.0.0.1" || e.Ports[0].Port == 0 {
 		t.Fatalf("ports %+v", e.Ports)
+	}
+}
+
+// TestHeartbeatsOwnConnection: a runner whose connection stalls (nothing it writes gets through,
+// nothing comes back: a slow link, a starved server) keeps heartbeating on the connection of its
+// own, so its fence does not take its job for cut off; once the connection flows again the job ends
+// as it would have. With the heartbeats on the stalled connection the job is fenced, reason lost.
+func TestHeartbeatsOwnConnection(t *testing.T) {
+	h := newHarness(t)
+	proxy := natstest.NewStallProxy(t, strings.TrimPrefix(h.nc.ConnectedUrl(), "nats://"))
+	beats := h.heartbeats("beats")
+	h.startRunnerOn(natstest.Connect(t, proxy.URL()), Config{ID: "beats", Deadline: 2 * time.Second, Heartbeats: natstest.Connect(t, h.nc.ConnectedUrl())})
+	id := h.submit("echo start; sleep 5; echo end", proto.Limits{})
+	h.started(id, 10*time.Second)
+	proxy.Stall()
+	for range len(beats) {
+		<-beats
+	}
+	// The stall outlasts the fence (1.5 s of a 2 s deadline) twice over: letting that time pass is
+	// the test.
+	time.Sleep(3 * time.Second)
+	heard := len(beats)
+	proxy.Resume()
+	if heard < 3 {
+		t.Errorf("%d heartbeats in the 3 s the runner's connection stalled, want one every 500 ms", heard)
+	}
+	if e := h.exited(id, 10*time.Second); e.Reason != proto.ReasonExit || h.out(id) != "start\nend\n" {
+		t.Errorf("the job ended %s (%s) with output %q, want its exit and all of it", e.Reason, e.Error, h.out(id))
 	}
 }

@@ -134,9 +134,9 @@ func renewAt(issued, expires time.Time) time.Time {
 	return issued.Add(expires.Sub(issued) * 2 / 3)
 }
 
-// renew renews the creds before they lapse until ctx ends, and then reconnects nc on the new ones.
-// A failed renewal is tried again every tenth of the time left, at least every 5 s.
-func (c *enrolledCreds) renew(ctx context.Context, nc *nats.Conn, log *slog.Logger) {
+// renew renews the creds before they lapse until ctx ends, and then reconnects conns on the new
+// ones. A failed renewal is tried again every tenth of the time left, at least every 5 s.
+func (c *enrolledCreds) renew(ctx context.Context, log *slog.Logger, conns ...*nats.Conn) {
 	for {
 		c.mu.Lock()
 		issued, expires := c.issued, c.expires
@@ -159,8 +159,10 @@ func (c *enrolledCreds) renew(ctx context.Context, nc *nats.Conn, log *slog.Logg
 			log.Warn("renew enrolled creds", "err", err, "expires", expires, "retry_in", wait)
 		}
 		log.Info("renewed enrolled creds")
-		if err := nc.ForceReconnect(); err != nil {
-			log.Warn("reconnect on renewed creds", "err", err)
+		for _, nc := range conns {
+			if err := nc.ForceReconnect(); err != nil {
+				log.Warn("reconnect on renewed creds", "conn", nc.Opts.Name, "err", err)
+			}
 		}
 	}
 }

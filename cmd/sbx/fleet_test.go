@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -359,113 +358,6 @@ func TestLabelFlags(t *testing.T) {
 	}
 }
 
-// stallProxy forwards TCP connections to a NATS server and can hold every byte in both directions,
-// as a stalled runner (SIGSTOP, a frozen VM) or a cut network looks to the others: nothing is
-// closed, nothing gets through.
-type stallProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	// up and down are closed while bytes flow to the server and back from it.
-	up, down chan struct{}
-}
-
-func newStallProxy(t *testing.T, target string) *stallProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallProxy{ln: ln, target: target, up: make(chan struct{}), down: make(chan struct{})}
-	close(p.up)
-	close(p.down)
-	var wg sync.WaitGroup
-	var conns []net.Conn
-	var connsMu sync.Mutex
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			connsMu.Lock()
-			conns = append(conns, c, up)
-			connsMu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); p.pipe(up, c, &p.up) }()
-			go func() { defer wg.Done(); p.pipe(c, up, &p.down) }()
-		}
-	}()
-	t.Cleanup(func() {
-		p.resume()
-		ln.Close()
-		connsMu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		connsMu.Unlock()
-		wg.Wait()
-	})
-	return p
-}
-
-func (p *stallProxy) url() string { return "nats://" + p.ln.Addr().String() }
-
-// pipe copies src to dst, holding what it read while the gate is shut.
-func (p *stallProxy) pipe(dst, src net.Conn, gate *chan struct{}) {
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			open := *gate
-			p.mu.Unlock()
-			<-open
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// stall holds every byte both ways.
-func (p *stallProxy) stall() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.up, p.down = make(chan struct{}), make(chan struct{})
-}
-
-// stallReplies holds what the server sends: what the client publishes is delivered, and it hears
-// nothing back, acks included.
-func (p *stallProxy) stallReplies() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = make(chan struct{})
-}
-
-func (p *stallProxy) resume() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, g := range []chan struct{}{p.up, p.down} {
-		select {
-		case <-g:
-		default:
-			close(g)
-		}
-	}
-}
-
 // startSpinner starts a job that runs until killed, waits until it runs, and returns its shell's pid
 // on the host (the job's own $$ is its pid in its pid namespace).
 func startSpinner(t *testing.T, c *client.Client) (id string, pid int) {
@@ -502,12 +394,12 @@ func processAlive(pid int) bool {
 func TestLostJobKilledOnReturn(t *testing.T) {
 	n := newRestartableNATS(t, true)
 	_, c := startFleetCoordinator(t, n.url(), "--runner-deadline", "2s")
-	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
-	startFleetRunner(t, proxy.url(), "stalled", "--runner-deadline", "1h")
+	proxy := natstest.NewStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	startFleetRunner(t, proxy.URL(), "stalled", "--runner-deadline", "1h")
 	waitRunner(t, c, "stalled")
 	id, pid := startSpinner(t, c)
 
-	proxy.stall()
+	proxy.Stall()
 	stalled := time.Now()
 	j := waitStatus(t, c, id, 10*time.Second, ended)
 	t.Logf("lost detected %s after the stall (deadline 2 s)", time.Since(stalled).Round(10*time.Millisecond))
@@ -517,7 +409,7 @@ func TestLostJobKilledOnReturn(t *testing.T) {
 	if !processAlive(pid) {
 		t.Fatal("the job died before its runner came back: the test shows nothing")
 	}
-	proxy.resume()
+	proxy.Resume()
 	took := poll.Until(t, 10*time.Second, "the job marked lost is killed after its runner came back", func() bool { return !processAlive(pid) })
 	t.Logf("killed %s after the runner came back", took.Round(10*time.Millisecond))
 	time.Sleep(time.Second) // a window in which the runner's exit event arrives and may not change the job
@@ -531,18 +423,18 @@ func TestLostJobKilledOnReturn(t *testing.T) {
 func TestRunnerFencesItself(t *testing.T) {
 	n := newRestartableNATS(t, true)
 	_, c := startFleetCoordinator(t, n.url(), "--runner-deadline", "1h")
-	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
-	startFleetRunner(t, proxy.url(), "cutoff", "--runner-deadline", "2s")
+	proxy := natstest.NewStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	startFleetRunner(t, proxy.URL(), "cutoff", "--runner-deadline", "2s")
 	waitRunner(t, c, "cutoff")
 	id, pid := startSpinner(t, c)
 
-	proxy.stall()
+	proxy.Stall()
 	took := poll.Until(t, 10*time.Second, "the cut-off runner kills its job (deadline 2 s)", func() bool { return !processAlive(pid) })
 	t.Logf("the runner killed its job %s after it was cut off (deadline 2 s)", took.Round(10*time.Millisecond))
 	if j, err := c.Job(t.Context(), id); err != nil || j.Status != "running" {
 		t.Fatalf("job %+v, %v: the coordinator (deadline 1 h) should not have decided yet", j, err)
 	}
-	proxy.resume()
+	proxy.Resume()
 	j := waitStatus(t, c, id, 30*time.Second, ended)
 	if j.Status != "aborted" || j.Reason != "lost" || !strings.Contains(j.Error, "could not reach NATS") {
 		t.Fatalf("job %+v, want aborted, lost, saying why", j)
@@ -580,10 +472,10 @@ func TestDrainShown(t *testing.T) {
 // coordinator/natsbus TestWithdraw and runner/expired_test.go.
 func TestAmbiguousPublish(t *testing.T) {
 	n := newRestartableNATS(t, true)
-	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	proxy := natstest.NewStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
 	// A lease longer than the stalls: a coordinator cut off past its step-down would stop leading
 	// (TestCoordinatorCutOff), which is not what this test looks at.
-	_, c := startFleetCoordinator(t, proxy.url(), "--lease-ttl", "1m")
+	_, c := startFleetCoordinator(t, proxy.URL(), "--lease-ttl", "1m")
 	dir := jobDir(t)
 	start := func(name string) error {
 		_, err := c.Start(t.Context(), client.StartRequest{Command: "touch " + filepath.Join(dir, name), Cwd: dir})
@@ -599,23 +491,23 @@ func TestAmbiguousPublish(t *testing.T) {
 	}
 
 	// 1. The ack is held past the publish timeout, then let through: settled by withdrawal.
-	proxy.stallReplies()
+	proxy.StallReplies()
 	errc := make(chan error, 1)
 	go func() { errc <- start("withdrawn") }()
 	time.Sleep(6 * time.Second) // past the 5 s publish timeout: the coordinator is settling
-	proxy.resume()
+	proxy.Resume()
 	var apiErr *client.Error
 	if err := <-errc; !errors.As(err, &apiErr) || apiErr.Status != 503 {
 		t.Fatalf("start whose ack came late: %v, want a 503", err)
 	}
 
 	// 2. No answer until the coordinator gave up: the work stays in the stream, expired.
-	proxy.stallReplies()
+	proxy.StallReplies()
 	go func() { errc <- start("expired") }()
 	if err := <-errc; !errors.As(err, &apiErr) || apiErr.Status != 503 {
 		t.Fatalf("start without an ack: %v, want a 503", err)
 	}
-	proxy.resume()
+	proxy.Resume()
 
 	// A runner joins: it runs the job queued before all this, and nothing else.
 	startFleetRunner(t, n.url(), "late")
@@ -650,15 +542,15 @@ func TestAmbiguousPublish(t *testing.T) {
 // service, once the link is back.
 func TestCoordinatorCutOff(t *testing.T) {
 	n := newRestartableNATS(t, true)
-	proxy := newStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
-	coord, c := startFleetCoordinator(t, proxy.url(), "--runner-deadline", "2s", "--lease-ttl", "2s")
+	proxy := natstest.NewStallProxy(t, strings.TrimPrefix(n.url(), "nats://"))
+	coord, c := startFleetCoordinator(t, proxy.URL(), "--runner-deadline", "2s", "--lease-ttl", "2s")
 	startFleetRunner(t, n.url(), "healthy", "--runner-deadline", "2s")
 	waitRunner(t, c, "healthy")
 	id, pid := startSpinner(t, c)
 
-	proxy.stall()
+	proxy.Stall()
 	time.Sleep(5 * time.Second) // past the deadline and the step-down, short of the client's own stale-link detection
-	proxy.resume()
+	proxy.Resume()
 	time.Sleep(3 * time.Second) // the link is back: what would be marked lost now, and killed
 	var (
 		j   *client.Job

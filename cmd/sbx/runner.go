@@ -81,13 +81,18 @@ func cmdRunner(ctx context.Context, args []string, _ func(string) string, stderr
 		return err
 	}
 	defer drain(nc)
+	beats, err := connect(log, "sbx-runner-heartbeats", nf.url, opts...)
+	if err != nil {
+		return err
+	}
+	defer drain(beats)
 	if enrolled != nil {
 		renewCtx, stopRenew := context.WithCancel(ctx)
 		renewed := make(chan struct{})
-		go func() { defer close(renewed); enrolled.renew(renewCtx, nc, log) }()
+		go func() { defer close(renewed); enrolled.renew(renewCtx, log, nc, beats) }()
 		defer func() { stopRenew(); <-renewed }()
 	}
-	return serveRunner(ctx, nc, rf, secrets, log)
+	return serveRunner(ctx, nc, beats, rf, secrets, log)
 }
 
 // runnerFlags are the flags serve and runner share.
@@ -132,9 +137,10 @@ func (r *runnerFlags) registerRunnerDeadline(fs *flag.FlagSet) {
 	fs.DurationVar(&r.deadline, "runner-deadline", proto.DefaultRunnerDeadline, "the coordinator's --runner-deadline, after which it marks the runner's jobs lost: the runner heartbeats every quarter of it (2 s at most) and its fence kills its jobs when it has been cut off from NATS (or stopped) for the deadline less one heartbeat interval")
 }
 
-// serveRunner runs a runner until ctx ends. Jobs never see secrets (runner.Config.Secrets).
-func serveRunner(ctx context.Context, nc *nats.Conn, rf runnerFlags, secrets []string, log *slog.Logger) error {
-	r, err := runner.New(nc, runner.Config{
+// serveRunner runs a runner until ctx ends, its heartbeats on a connection of their own (beats:
+// runner.Config.Heartbeats). Jobs never see secrets (runner.Config.Secrets).
+func serveRunner(ctx context.Context, nc, beats *nats.Conn, rf runnerFlags, secrets []string, log *slog.Logger) error {
+	r, err := runner.New(nc, runner.Config{Heartbeats: beats,
 		ID: rf.id, Pool: rf.pool, Slots: rf.slots, Version: version, Logger: log, User: rf.user, Users: rf.users, AllowRoot: rf.allowRootJobs, Shell: rf.shell,
 		Cgroup: sandbox.Config{Root: rf.cgroupRoot}, Secrets: secrets, Labels: rf.labelMap, Deadline: rf.deadline, DrainTimeout: rf.drainTimeout,
 	})

@@ -79,13 +79,14 @@ func cmdServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	coordConn, runnerConn, err := serveConns(log, ns, auth, sf.rf)
+	coordConn, runnerConn, beatsConn, err := serveConns(log, ns, auth, sf.rf)
 	if err != nil {
 		return err
 	}
 	defer drain(coordConn)
 	defer drain(runnerConn) // before the coordinator's, and both before the server shuts down
-	return runServe(ctx, sf, api, ns, coordConn, runnerConn, secrets, log, stdout)
+	defer drain(beatsConn)
+	return runServe(ctx, sf, api, ns, coordConn, runnerConn, beatsConn, secrets, log, stdout)
 }
 
 // parseServe parses serve's flags into fs and checks them, so that a mistake stops serve before
@@ -156,41 +157,45 @@ func startEmbeddedNATS(sf *serveFlags, auth *natsauth.Authority) (*server.Server
 	return ns, nil
 }
 
-// serveConns connects the coordinator and the runner to the embedded server in-process, each as
-// its own user of auth.
-func serveConns(log *slog.Logger, ns *server.Server, auth *natsauth.Authority, rf runnerFlags) (coordConn, runnerConn *nats.Conn, err error) {
+// serveConns connects the coordinator and the runner (twice: its heartbeats have a connection of
+// their own) to the embedded server in-process, each as its own user of auth.
+func serveConns(log *slog.Logger, ns *server.Server, auth *natsauth.Authority, rf runnerFlags) (coordConn, runnerConn, beatsConn *nats.Conn, err error) {
 	coordCreds, err := auth.CoordinatorCreds()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	runnerCreds, err := auth.RunnerCreds(rf.id, rf.pool, 0)
 	if err != nil {
-		return nil, nil, usageError("--id: %v", err)
+		return nil, nil, nil, usageError("--id: %v", err)
 	}
 	coordUser, err := credsOption(coordCreds)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	runnerUser, err := credsOption(runnerCreds)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	coordConn, err = connect(log, "sbx-coordinator", "", nats.InProcessServer(ns), coordUser, coordinatorConn())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	runnerConn, err = connect(log, "sbx-runner", "", nats.InProcessServer(ns), runnerUser,
-		nats.CustomInboxPrefix(natsauth.RunnerInboxPrefix(rf.id)))
+	runnerOpts := []nats.Option{nats.InProcessServer(ns), runnerUser, nats.CustomInboxPrefix(natsauth.RunnerInboxPrefix(rf.id))}
+	if runnerConn, err = connect(log, "sbx-runner", "", runnerOpts...); err == nil {
+		if beatsConn, err = connect(log, "sbx-runner-heartbeats", "", runnerOpts...); err != nil {
+			runnerConn.Close()
+		}
+	}
 	if err != nil {
-		// serve stops before it started: nothing was published on the coordinator's connection.
+		// serve stops before it started: nothing was published on these connections.
 		coordConn.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return coordConn, runnerConn, nil
+	return coordConn, runnerConn, beatsConn, nil
 }
 
 // runServe runs serve's three parts until ctx ends or one of them stops.
-func runServe(ctx context.Context, sf *serveFlags, api *apiListener, ns *server.Server, coordConn, runnerConn *nats.Conn, secrets []string, log *slog.Logger, stdout io.Writer) error {
+func runServe(ctx context.Context, sf *serveFlags, api *apiListener, ns *server.Server, coordConn, runnerConn, beatsConn *nats.Conn, secrets []string, log *slog.Logger, stdout io.Writer) error {
 	// The embedded server has no channel for its end; this goroutine ends with the deferred Shutdown.
 	nsDone := make(chan struct{})
 	go func() { ns.WaitForShutdown(); close(nsDone) }()
@@ -204,7 +209,7 @@ func runServe(ctx context.Context, sf *serveFlags, api *apiListener, ns *server.
 		})
 	})
 	g.Go(func() error {
-		return supervise(gctx, "runner", func(ctx context.Context) error { return serveRunner(ctx, runnerConn, sf.rf, secrets, log) })
+		return supervise(gctx, "runner", func(ctx context.Context) error { return serveRunner(ctx, runnerConn, beatsConn, sf.rf, secrets, log) })
 	})
 	g.Go(func() error {
 		return supervise(gctx, "embedded nats", func(ctx context.Context) error {
