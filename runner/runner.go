@@ -127,8 +127,8 @@ func (c *Config) setDefaults() error {
 	if c.Slots == 0 {
 		c.Slots = DefaultSlots
 	}
-	if c.Slots < 1 || c.Slots > 4096 {
-		return fmt.Errorf("slots %d must be between 1 and 4096", c.Slots)
+	if c.Slots < 1 || c.Slots > MaxSlots {
+		return fmt.Errorf("slots %d must be between 1 and %d", c.Slots, MaxSlots)
 	}
 	for _, u := range append([]string{c.User}, c.Users...) {
 		if u == "" {
@@ -189,6 +189,9 @@ func (c *Config) setDefaults() error {
 
 // DefaultSlots is a runner's default number of slots.
 const DefaultSlots = 256
+
+// MaxSlots bounds Config.Slots: each running job holds an OS thread and a few file descriptors.
+const MaxSlots = 4096
 
 // Runner runs jobs from one pool.
 type Runner struct {

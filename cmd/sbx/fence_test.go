@@ -122,3 +122,20 @@ func TestRunnerDeadlineFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotsFlag: --slots out of range is a usage error naming the flag, before serve or a runner
+// starts anything (serve used to print its banner and then stop its runner).
+func TestSlotsFlag(t *testing.T) {
+	for _, cmd := range [][]string{
+		{"serve", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data", t.TempDir()},
+		{"runner", "--nats", "nats://127.0.0.1:1"},
+	} {
+		for _, n := range []string{"0", "-1", "4097"} {
+			var out strings.Builder
+			err := run(t.Context(), append(cmd, "--slots", n), os.Getenv, &out, io.Discard)
+			if code(err) != 2 || !strings.Contains(err.Error(), "--slots") || out.Len() > 0 {
+				t.Errorf("%s --slots %s: %v (exit %d, printed %q), want a usage error naming --slots and nothing started", cmd[0], n, err, code(err), out.String())
+			}
+		}
+	}
+}

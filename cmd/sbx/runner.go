@@ -115,6 +115,9 @@ func (r *runnerFlags) check() error {
 	if r.drainTimeout < 0 {
 		return usageError("--drain-timeout must not be negative")
 	}
+	if r.slots < 1 || r.slots > runner.MaxSlots {
+		return usageError("--slots %d must be between 1 and %d", r.slots, runner.MaxSlots)
+	}
 	var err error
 	r.labelMap, err = parseLabels(r.labels)
 	return err
