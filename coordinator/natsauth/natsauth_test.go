@@ -338,15 +338,7 @@ func TestServerConfig(t *testing.T) {
 	if err := WriteSecret(filepath.Join(dir, ServerConfigFile), conf); err != nil {
 		t.Fatal(err)
 	}
-	main := "listen: 127.0.0.1:-1\njetstream { store_dir: " + filepath.Join(dir, "js") + " }\ninclude " + ServerConfigFile + "\n"
-	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(main), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := natstest.Run(t, opts)
+	ns := runConfig(t, dir, "listen: 127.0.0.1:-1\njetstream { store_dir: "+filepath.Join(dir, "js")+" }\ninclude "+ServerConfigFile+"\n")
 	if nc, err := nats.Connect(ns.ClientURL()); err == nil {
 		nc.Close()
 		t.Fatal("an anonymous client connected")
@@ -386,15 +378,7 @@ func TestExpiryAndRevocation(t *testing.T) {
 		}
 	}
 	writeConf()
-	main := "listen: 127.0.0.1:-1\ninclude auth/" + ServerConfigFile + "\n"
-	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(main), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := natstest.Run(t, opts)
+	ns := runConfig(t, dir, "listen: 127.0.0.1:-1\ninclude auth/"+ServerConfigFile+"\n")
 	connects := func(creds []byte) bool {
 		t.Helper()
 		path := filepath.Join(t.TempDir(), "user.creds")
@@ -519,4 +503,18 @@ func TestLeasePermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantViolation(t, errs, subject)
+}
+
+// runConfig writes conf as dir/nats.conf, as an operator would, and runs a server from that file
+// until t ends.
+func runConfig(t *testing.T, dir, conf string) *server.Server {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return natstest.Run(t, opts)
 }
