@@ -18,7 +18,7 @@ import (
 // key leaseKey of the bucket LeaseBucket holds its holder; docs/decisions.md, "The leader lease".
 const (
 	LeaseBucket     = "SBX_LEASE"
-	DefaultLeaseTTL = 4 * time.Second
+	DefaultLeaseTTL = 3 * time.Second
 	// minLeaseTTL is the shortest TTL taken: a renewal (a quarter of it) must fit a round trip to
 	// the stream's leader.
 	minLeaseTTL = 100 * time.Millisecond
@@ -37,7 +37,8 @@ type LeaseConfig struct {
 	// URL is where the other coordinators reach this one's API while it leads.
 	URL string
 	// TTL (DefaultLeaseTTL): the holder renews every TTL/4 and steps down when it could not for
-	// TTL/2; another takes over once the key stayed unchanged for TTL.
+	// TTL/2; another takes over once the key stayed unchanged for TTL, or for earlyTakeover(TTL)
+	// when the holder's connection is gone from NATS.
 	TTL time.Duration
 	// Replicas of the bucket (1); an existing bucket with another count is refused (checkReplicas).
 	Replicas int
@@ -45,12 +46,21 @@ type LeaseConfig struct {
 }
 
 // leaseRecord is the key's value. Since marks the term: renewals keep it, so that a holder can
-// tell its own write from a restarted process's under the same ID.
+// tell its own write from a restarted process's under the same ID. Alive is the subject the holder
+// answers on for the term, on the connection it writes with (an inbox of its own); empty in a
+// record written by a coordinator older than the early takeover.
 type leaseRecord struct {
 	ID    string    `json:"id"`
 	URL   string    `json:"url"`
 	Since time.Time `json:"since"`
+	Alive string    `json:"alive,omitempty"`
 }
+
+// earlyTakeover is how long a key must stay unchanged before a candidate takes it over from a
+// holder whose connection NATS says is gone (holderGone): past the holder's own step-down (TTL/2
+// after it sent its last renewal, which is before any candidate saw it) by a margin for timers
+// that fire late and clocks that run at slightly different rates.
+func earlyTakeover(ttl time.Duration) time.Duration { return ttl/2 + ttl/10 }
 
 // sameTerm reports whether r and o are one holder's one term.
 func (r leaseRecord) sameTerm(o leaseRecord) bool { return r.ID == o.ID && r.Since.Equal(o.Since) }
@@ -68,6 +78,7 @@ type leaseSeen struct {
 // and WaitHolder tell the other coordinators whom to forward to.
 type Lease struct {
 	cfg LeaseConfig
+	nc  *nats.Conn
 	kv  jetstream.KeyValue
 
 	mu   sync.Mutex
@@ -109,7 +120,7 @@ func OpenLease(ctx context.Context, nc *nats.Conn, cfg LeaseConfig) (*Lease, err
 	if err != nil {
 		return nil, fmt.Errorf("watch %s %s: %w", LeaseBucket, leaseKey, err)
 	}
-	l := &Lease{cfg: cfg, kv: kv, changed: make(chan struct{})}
+	l := &Lease{cfg: cfg, nc: nc, kv: kv, changed: make(chan struct{})}
 	go l.watch(w)
 	return l, nil
 }
@@ -192,11 +203,13 @@ func (l *Lease) setLeading(leading bool, until time.Time) {
 	l.leading, l.until = leading, until
 }
 
-// term is a lease held: its record, the revision of its last write, and when that write was sent.
+// term is a lease held: its record, the revision of its last write, when that write was sent,
+// and the subscription that answers on rec.Alive while the term lasts.
 type term struct {
 	rec     leaseRecord
 	rev     uint64
 	renewed time.Time
+	alive   *nats.Subscription
 }
 
 // Run campaigns until it holds the lease, then calls lead once with a context that ends when the
@@ -212,7 +225,8 @@ func (l *Lease) Run(ctx context.Context, lead func(ctx context.Context) error) e
 }
 
 // campaign reads the key every TTL/4, on every change the watch sees, and when the holder seen
-// would have been unchanged for TTL; it returns once a write of its own made it the holder.
+// would have been unchanged for earlyTakeover (when it names an Alive subject) and for TTL; it
+// returns once a write of its own made it the holder.
 func (l *Lease) campaign(ctx context.Context) (*term, error) {
 	poll := time.NewTicker(l.cfg.TTL / 4)
 	defer poll.Stop()
@@ -237,7 +251,7 @@ func (l *Lease) campaign(ctx context.Context) (*term, error) {
 		s, changed := l.seen, l.changed
 		l.mu.Unlock()
 		// A holder already past its TTL whose takeover failed is tried again at the next poll.
-		if wait := time.Until(s.at.Add(l.cfg.TTL)); s.ok && wait > 0 {
+		if wait := l.nextTry(s); wait > 0 {
 			expire.Reset(wait)
 		} else {
 			expire.Stop()
@@ -252,11 +266,31 @@ func (l *Lease) campaign(ctx context.Context) (*term, error) {
 	}
 }
 
+// nextTry is how long until the key seen, unchanged, may be taken over: 0 when there is no such
+// moment ahead (absent, or past the TTL already).
+func (l *Lease) nextTry(s leaseSeen) time.Duration {
+	if !s.ok {
+		return 0
+	}
+	if s.rec.Alive != "" {
+		if wait := time.Until(s.at.Add(earlyTakeover(l.cfg.TTL))); wait > 0 {
+			return wait
+		}
+	}
+	return max(time.Until(s.at.Add(l.cfg.TTL)), 0)
+}
+
 // try reads the key and writes this process's record when the key is absent, names this process's
 // ID (a restart of the holder), or has stayed unchanged for TTL since this process first saw it. By
 // this process's clock alone: the holder stops at TTL/2 by its own, so no clocks need to agree, only
 // to run at about the same rate. The write is at the revision seen, so of several candidates one
 // wins, and none wins over a holder that renewed in the meantime.
+//
+// A key unchanged for earlyTakeover only is taken over when NATS answers that nobody listens on its
+// Alive subject: the holder's connection is gone (a killed process, a lost host), so it cannot renew
+// and will not. A holder that is merely slow (its renewals held up, a stream electing its leader) or
+// frozen still has its connection and keeps its subscription, the request then times out, and the
+// candidate waits the TTL as before, which lets such a holder take its own ID's lease back first.
 func (l *Lease) try(ctx context.Context) (*term, error) {
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/4)
 	e, err := l.kv.Get(rctx, leaseKey)
@@ -280,18 +314,43 @@ func (l *Lease) try(ctx context.Context) (*term, error) {
 	case time.Since(s.at) >= l.cfg.TTL:
 		l.cfg.Logger.Info("leader lease: taking over", "from", s.rec.ID, "unchanged_for", time.Since(s.at).Round(time.Millisecond))
 		return l.write(ctx, s.rev)
+	case s.rec.Alive != "" && time.Since(s.at) >= earlyTakeover(l.cfg.TTL) && l.holderGone(ctx, s.rec.Alive):
+		l.cfg.Logger.Info("leader lease: taking over from a holder gone from NATS", "from", s.rec.ID, "unchanged_for", time.Since(s.at).Round(time.Millisecond))
+		return l.write(ctx, s.rev)
 	}
 	return nil, nil
 }
 
+// holderGone asks the holder's Alive subject, and reports whether NATS answered that nobody
+// subscribes to it. Any other outcome (an answer, a timeout, this process's own connection down)
+// is not proof.
+func (l *Lease) holderGone(ctx context.Context, subject string) bool {
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/4)
+	defer cancel()
+	_, err := l.nc.RequestWithContext(rctx, subject, nil)
+	return errors.Is(err, nats.ErrNoResponders)
+}
+
 // write makes this process the holder with a new term: KV Create when rev is 0, else Update at rev.
 // It returns nil, with no error, when another write came first.
-func (l *Lease) write(ctx context.Context, rev uint64) (*term, error) {
-	rec := leaseRecord{ID: l.cfg.ID, URL: l.cfg.URL, Since: time.Now().UTC()}
+//
+// The term's Alive subscription is made first, on the connection the write goes over: the server
+// has it before the write, so no candidate finds the subject unheard while the term is new.
+func (l *Lease) write(ctx context.Context, rev uint64) (t *term, err error) {
+	rec := leaseRecord{ID: l.cfg.ID, URL: l.cfg.URL, Since: time.Now().UTC(), Alive: l.nc.NewInbox()}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return nil, fmt.Errorf("encode lease: %w", err)
 	}
+	alive, err := l.nc.Subscribe(rec.Alive, func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		return nil, fmt.Errorf("subscribe %s: %w", rec.Alive, err)
+	}
+	defer func() {
+		if t == nil {
+			_ = alive.Unsubscribe()
+		}
+	}()
 	wctx, cancel := context.WithTimeout(ctx, l.cfg.TTL/4)
 	defer cancel()
 	sent := time.Now()
@@ -311,13 +370,17 @@ func (l *Lease) write(ctx context.Context, rev uint64) (*term, error) {
 		l.set(leaseSeen{rec: rec, rev: rev, at: time.Now(), ok: true})
 	}
 	l.mu.Unlock()
-	return &term{rec: rec, rev: rev, renewed: sent}, nil
+	return &term{rec: rec, rev: rev, renewed: sent, alive: alive}, nil
 }
 
 // hold runs lead while it renews t every TTL/4, with KV Update at its last revision. TTL/2 after the
 // last renewal that succeeded was sent, lead's context ends: a candidate takes over no earlier than
 // TTL after it saw that write, which came after it was sent, so lead has TTL/2 to stop first.
+//
+// The term's Alive subscription lasts until lead has returned: while it answers, no candidate takes
+// over before the TTL.
 func (l *Lease) hold(ctx context.Context, t *term, lead func(ctx context.Context) error) error {
+	defer func() { _ = t.alive.Unsubscribe() }()
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	l.setLeading(true, t.renewed.Add(l.cfg.TTL/2))

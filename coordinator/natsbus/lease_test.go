@@ -313,3 +313,70 @@ func TestLeaseWaitHolder(t *testing.T) {
 		t.Error("a lease that never ran leads")
 	}
 }
+
+// takeoverAfter returns how long the key held by from stayed unchanged, as b saw it, before b led:
+// it follows b's view of the key until b leads.
+func takeoverAfter(t *testing.T, b *running, from string, within time.Duration) time.Duration {
+	t.Helper()
+	var last time.Time
+	poll.Until(t, within, "b takes over", func() bool {
+		b.lease.mu.Lock()
+		s := b.lease.seen
+		b.lease.mu.Unlock()
+		if s.ok && s.rec.ID == from {
+			last = s.at
+		}
+		return b.lease.Leading()
+	})
+	if last.IsZero() {
+		t.Fatalf("b never saw %s hold the key", from)
+	}
+	return time.Since(last)
+}
+
+// TestLeaseHolderGoneEarly: a holder whose connection is gone from NATS (a killed process) is taken
+// over once the key stayed unchanged past the holder's own step-down, before the TTL.
+func TestLeaseHolderGoneEarly(t *testing.T) {
+	ns := natstest.Server(t)
+	const ttl = 2 * time.Second
+	var rec leads
+	anc := connect(t, ns.ClientURL())
+	a := startLease(t, anc, LeaseConfig{ID: "a", TTL: ttl}, rec.lead("a"))
+	poll.Until(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
+	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", TTL: ttl}, rec.lead("b"))
+	poll.Until(t, 5*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
+
+	anc.Close()
+	took := takeoverAfter(t, b, "a", 5*time.Second)
+	t.Logf("b took over the key unchanged for %s (early %s, TTL %s)", took.Round(time.Millisecond), earlyTakeover(ttl), ttl)
+	if took >= ttl*9/10 {
+		t.Errorf("b took over after %s unchanged: not before the TTL %s", took, ttl)
+	}
+	if err := a.wait(t, ttl); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("Run of a leader cut off: %v, want ErrLeaseLost", err)
+	}
+	rec.checkNoOverlap(t)
+}
+
+// TestLeaseStalledHolderWaitsTTL: a holder whose connection NATS still has, but which answers
+// nothing (frozen, or its link stalled), is not taken over early: its Alive subject times out, and
+// the candidate waits out the TTL.
+func TestLeaseStalledHolderWaitsTTL(t *testing.T) {
+	ns := natstest.Server(t)
+	const ttl = 2 * time.Second
+	var rec leads
+	proxy := natstest.NewStallProxy(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	a := startLease(t, connect(t, proxy.URL()), LeaseConfig{ID: "a", TTL: ttl}, rec.lead("a"))
+	poll.Until(t, 5*time.Second, "a leads", func() bool { return a.lease.Leading() })
+	b := startLease(t, connect(t, ns.ClientURL()), LeaseConfig{ID: "b", TTL: ttl}, rec.lead("b"))
+	poll.Until(t, 5*time.Second, "b sees a", func() bool { id, _, ok := b.lease.Holder(); return ok && id == "a" })
+
+	proxy.Stall()
+	took := takeoverAfter(t, b, "a", 5*time.Second)
+	t.Logf("b took over the key unchanged for %s (TTL %s)", took.Round(time.Millisecond), ttl)
+	if took < ttl {
+		t.Errorf("b took over a holder still connected after %s unchanged, before the TTL %s", took, ttl)
+	}
+	proxy.Resume()
+	rec.checkNoOverlap(t)
+}
