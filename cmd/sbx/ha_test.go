@@ -148,7 +148,9 @@ func TestSeveralCoordinators(t *testing.T) {
 	killed := time.Now()
 	leader.kill()
 
-	// The survivor answers again within the lease's TTL and a renewal (2 s + 0.5 s here).
+	// The survivor answers, ready, once the key stayed unchanged for 0.6 of the TTL (1.2 s here): NATS
+	// says the killed leader's connection is gone (natsbus.Lease's early takeover), and it knew the
+	// runner from the heartbeats it heard as a standby.
 	if !poll.Within(20*time.Second, func() bool { return leads(t.Context(), cs) }) {
 		t.Fatalf("the survivor does not lead 20 s after the leader was killed:\n%s", survivor.log)
 	}

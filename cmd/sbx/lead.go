@@ -51,7 +51,13 @@ func serveCoordinator(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, a
 	if err != nil {
 		return err
 	}
-	c := &coordinatorRole{id: id, lease: lease, handoff: handoff, ready: sync.OnceFunc(ready)}
+	// Heard while a standby too, for a lead to start with (Bus.Replay).
+	heard, err := natsbus.WatchHeartbeats(nc, cf.runnerDeadline)
+	if err != nil {
+		return err
+	}
+	defer heard.Stop()
+	c := &coordinatorRole{id: id, lease: lease, handoff: handoff, heard: heard, ready: sync.OnceFunc(ready)}
 	fcfg := api.cfg
 	fcfg.Role = c.role
 	go c.readyOnceLed(ctx)
@@ -103,6 +109,7 @@ type coordinatorRole struct {
 	lease   *natsbus.Lease
 	handoff *httpapi.Handoff
 	fwd     *httpapi.Server
+	heard   *natsbus.Heartbeats
 	ready   func()
 	// serving is set once this coordinator's own API answers on the socket.
 	serving atomic.Bool
@@ -144,7 +151,8 @@ func (c *coordinatorRole) readyOnceLed(ctx context.Context) {
 }
 
 // lead runs the service while this coordinator holds the lease: it makes the streams, loads the
-// state from JetStream into the local cache, takes the socket from the forwarder and serves.
+// state from JetStream into the local cache, tells the service of the runners heard lately, takes
+// the socket from the forwarder and serves.
 func (c *coordinatorRole) lead(ctx context.Context, nc *nats.Conn, cf coordinatorFlags, api *apiListener, local bool, log *slog.Logger) error {
 	db, err := store.Open(filepath.Join(cf.data, "sbx.db"))
 	if err != nil {
@@ -194,6 +202,8 @@ func (c *coordinatorRole) lead(ctx context.Context, nc *nats.Conn, cf coordinato
 	if err != nil {
 		return err
 	}
+	// The runners heard lately are known before the first call: ready, and readonly starts taken.
+	bus.Replay(ctx, svc, c.heard)
 	cfg := api.cfg
 	cfg.Ready = bus.Ready
 	cfg.Role = c.role

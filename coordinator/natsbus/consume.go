@@ -40,25 +40,7 @@ var ErrConsumerGone = errors.New("natsbus: the event consumer is gone")
 // consumers of the runner's pool exist: runners bind to them but may not create them. Consume
 // returns an error when the event consumer is deleted or its iterator stops while ctx lives.
 func (b *Bus) Consume(ctx context.Context, h Handler) error {
-	sub, err := b.nc.Subscribe(proto.HeartbeatSubjects, func(m *nats.Msg) {
-		hb, err := proto.DecodeHeartbeat(m.Data)
-		if err != nil {
-			b.cfg.Logger.Warn("bad heartbeat", "subject", m.Subject, "err", err)
-			return
-		}
-		if from, pool, _ := proto.ParseHeartbeatSubject(m.Subject); from != hb.Runner || pool != hb.Pool {
-			err := h.Forged(coordinator.ForgedHeartbeat, fmt.Sprintf("a heartbeat on %s names runner %s of pool %s", m.Subject, hb.Runner, hb.Pool))
-			b.cfg.Logger.Error("dropping forged heartbeat", "subject", m.Subject, "err", err)
-			return
-		}
-		if !b.pools.name(hb.Runner, hb.Pool, time.Now()) {
-			err := h.Forged(coordinator.ForgedHeartbeat, fmt.Sprintf("runner %s named pool %s past its %d pools", hb.Runner, hb.Pool, b.cfg.MaxPoolsPerRunner))
-			b.cfg.Logger.Error("dropping heartbeat of a pool too many", "subject", m.Subject, "err", err)
-			return
-		}
-		b.ensureWork(ctx, hb.Pool, hb.Readonly)
-		h.HandleHeartbeat(domainHeartbeat(hb))
-	})
+	sub, err := b.nc.Subscribe(proto.HeartbeatSubjects, func(m *nats.Msg) { b.heartbeat(ctx, h, m.Subject, m.Data) })
 	if err != nil {
 		return fmt.Errorf("subscribe heartbeats: %w", err)
 	}
@@ -180,6 +162,29 @@ func (b *Bus) Consume(ctx context.Context, h Handler) error {
 			}
 		}
 	}
+}
+
+// heartbeat gives h a runner's heartbeat that came on subject, unless it does not decode, names
+// another runner or pool than its subject, or a pool past the runner's MaxPoolsPerRunner. It makes
+// sure the work consumers of the runner's pool exist: runners bind to them but may not create them.
+func (b *Bus) heartbeat(ctx context.Context, h Handler, subject string, data []byte) {
+	hb, err := proto.DecodeHeartbeat(data)
+	if err != nil {
+		b.cfg.Logger.Warn("bad heartbeat", "subject", subject, "err", err)
+		return
+	}
+	if from, pool, _ := proto.ParseHeartbeatSubject(subject); from != hb.Runner || pool != hb.Pool {
+		err := h.Forged(coordinator.ForgedHeartbeat, fmt.Sprintf("a heartbeat on %s names runner %s of pool %s", subject, hb.Runner, hb.Pool))
+		b.cfg.Logger.Error("dropping forged heartbeat", "subject", subject, "err", err)
+		return
+	}
+	if !b.pools.name(hb.Runner, hb.Pool, time.Now()) {
+		err := h.Forged(coordinator.ForgedHeartbeat, fmt.Sprintf("runner %s named pool %s past its %d pools", hb.Runner, hb.Pool, b.cfg.MaxPoolsPerRunner))
+		b.cfg.Logger.Error("dropping heartbeat of a pool too many", "subject", subject, "err", err)
+		return
+	}
+	b.ensureWork(ctx, hb.Pool, hb.Readonly)
+	h.HandleHeartbeat(domainHeartbeat(hb))
 }
 
 // delivery is one result of the event iterator.
