@@ -64,6 +64,8 @@ func TestComposeHA(t *testing.T) {
 		}
 		killed := time.Now()
 		f.docker("kill", f.container(leader))
+		// docker kill itself takes a while (1.4 s seen): the leader died somewhere in between.
+		t.Logf("docker kill took %s", time.Since(killed).Round(time.Millisecond))
 		takeover(t, survivor, "the other coordinator", leader+" was killed", killed, ids, n)
 		finishedOnce(t, ctx, survivor, session, ids)
 		startedOnce(t, f.startLog(), tg)
