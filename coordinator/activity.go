@@ -46,7 +46,7 @@ func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *Event) erro
 	}
 	j.Ports = slices.Clone(e.Ports)
 	if !l.quiet {
-		if err := s.addNotesLocked(ctx, l, notes); err != nil {
+		if err := s.sessions.deliver(ctx, l.job, notes); err != nil {
 			return err
 		}
 	}
@@ -90,7 +90,7 @@ func (s *Service) inputStallLocked(ctx context.Context, l *liveJob, now time.Tim
 	}
 	l.stallNotified = true
 	n := inputStallNote(l.job, screenText(l.job, tail), now.Sub(l.inputSince).Truncate(time.Second))
-	if err := s.addNotesLocked(ctx, l, []note{n}); err != nil {
+	if err := s.sessions.deliver(ctx, l.job, []note{n}); err != nil {
 		s.cfg.Logger.Error("store stall notification", "job", l.job.ID, "err", err)
 	}
 	return true

@@ -150,13 +150,12 @@ type Service struct {
 	disp  Dispatcher
 	start time.Time
 
-	mu       sync.Mutex
-	live     map[string]*liveJob // every job not yet ended
-	runners  map[string]*Runner
-	sessions map[string]*Session // handed out only as copies
-	// notesChanged is closed and replaced whenever a notification is stored.
-	notesChanged chan struct{}
-	stats        Stats
+	sessions *sessionBook
+
+	mu      sync.Mutex
+	live    map[string]*liveJob // every job not yet ended
+	runners map[string]*Runner
+	stats   Stats
 	// outputTotal is the output of the ended jobs in the store, for RetainBytes; liveOutput that of
 	// the jobs not ended. Together they are held to OutputBudget.
 	outputTotal int64
@@ -286,26 +285,16 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 	cfg.setDefaults()
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
-		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
-		stopping:     map[string]bool{},
-		scans:        map[scanKey]*scanner{},
-		notesChanged: make(chan struct{}),
-		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
+		live: map[string]*liveJob{}, runners: map[string]*Runner{},
+		stopping: map[string]bool{},
+		scans:    map[scanKey]*scanner{},
+		stats:    Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
-	sessions, err := jobs.Sessions(ctx)
-	if err != nil {
+	var err error
+	if s.sessions, err = newSessionBook(ctx, &s.cfg, jobs); err != nil {
 		return nil, err
 	}
 	now := cfg.Now()
-	for _, st := range sessions {
-		if st.ExpiresAt != nil {
-			// Renewals made in memory were lost with the process: give the lease a full length again.
-			if at := now.Add(time.Duration(st.LeaseMS) * time.Millisecond); at.After(*st.ExpiresAt) {
-				st.ExpiresAt = &at
-			}
-		}
-		s.sessions[st.ID] = st
-	}
 	if s.outputTotal, err = storedOutput(ctx, jobs); err != nil {
 		return nil, err
 	}
@@ -424,7 +413,7 @@ func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id
 	}
 
 	s.mu.Lock()
-	if _, err := s.sessionLocked(ctx, job.Session); err != nil {
+	if err := s.sessions.open(ctx, job.Session); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -661,7 +650,7 @@ func (s *Service) unobserve(l *liveJob, sawEnd bool) {
 	}
 	l.endSeen = true // once
 	n := finishedNote(l.job)
-	if err := s.addNotesLocked(context.Background(), l, []note{n}); err != nil {
+	if err := s.sessions.deliver(context.Background(), l.job, []note{n}); err != nil {
 		s.cfg.Logger.Error("store finished notification", "job", l.job.ID, "err", err)
 	}
 }
@@ -973,7 +962,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 		} else if !l.endNotified() {
 			notes = append(notes, finishedNote(j))
 		}
-		if err := s.addNotesLocked(ctx, l, notes); err != nil {
+		if err := s.sessions.deliver(ctx, l.job, notes); err != nil {
 			return err
 		}
 	}
@@ -1110,7 +1099,7 @@ func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, 
 		}
 	}
 	l.feedWatch(data, old, s.cfg.Now())
-	if err := s.addNotesLocked(ctx, l, l.watch.take()); err != nil {
+	if err := s.sessions.deliver(ctx, l.job, l.watch.take()); err != nil {
 		return err
 	}
 	if l.watch.monStopped && !l.watch.monKillAsked && l.job.Runner != "" {

@@ -31,7 +31,7 @@ func (s *Service) checkStallLocked(ctx context.Context, l *liveJob, now time.Tim
 	}
 	if n, ok := stallNote(l.job, screenText(l.job, tail), now.Sub(l.lastGrowth).Truncate(time.Second)); ok {
 		l.stallNotified = true
-		if err := s.addNotesLocked(ctx, l, []note{n}); err != nil {
+		if err := s.sessions.deliver(ctx, l.job, []note{n}); err != nil {
 			s.cfg.Logger.Error("store stall notification", "job", l.job.ID, "err", err)
 		}
 	}
