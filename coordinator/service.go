@@ -151,6 +151,7 @@ type Service struct {
 	start time.Time
 
 	sessions *sessionBook
+	fleet    *fleet
 
 	mu      sync.Mutex
 	live    map[string]*liveJob // every job not yet ended
@@ -160,14 +161,6 @@ type Service struct {
 	// the jobs not ended. Together they are held to OutputBudget.
 	outputTotal int64
 	liveOutput  int64
-
-	// strays are the kill requests sent to runners in the background (stopStrayLocked); Run waits for them.
-	strays sync.WaitGroup
-	// stopping are the jobs a stray kill request is in flight for (stopStrayLocked): one at a time per job.
-	stopping map[string]bool
-	// linkUp is since when the coordinator's own link has been up without a break (checkLink);
-	// zero while it is down or not yet checked.
-	linkUp time.Time
 
 	// scans are the waits' output scanners by job and pattern (scan.go); scannedBytes counts the
 	// output they read, for Stats.
@@ -285,11 +278,11 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 	cfg.setDefaults()
 	s := &Service{
 		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
-		live: map[string]*liveJob{}, runners: map[string]*Runner{},
-		stopping: map[string]bool{},
-		scans:    map[scanKey]*scanner{},
-		stats:    Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
+		live:  map[string]*liveJob{},
+		scans: map[scanKey]*scanner{},
+		stats: Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
 	}
+	s.fleet = newFleet(&s.cfg, disp, s.start)
 	var err error
 	if s.sessions, err = newSessionBook(ctx, &s.cfg, jobs); err != nil {
 		return nil, err
@@ -385,7 +378,7 @@ func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id
 		return nil, err
 	}
 	if req.Readonly {
-		if err := s.readonlyAvailable(req.Pool); err != nil {
+		if err := s.fleet.readonlyAvailable(req.Pool); err != nil {
 			return nil, err
 		}
 	}
@@ -475,7 +468,7 @@ func (s *Service) snapshot(id string, fallback *Job) *Job {
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
-		j.QueuedReason = s.queuedReasonLocked(&j)
+		j.QueuedReason = s.fleet.queuedReason(&j)
 		return &j
 	}
 	j := *fallback
@@ -516,7 +509,7 @@ func (s *Service) current(ctx context.Context, id string) (*Job, int64, <-chan s
 	if l, ok := s.live[id]; ok {
 		j := *l.job
 		j.OutputBytes = l.size
-		j.QueuedReason = s.queuedReasonLocked(&j)
+		j.QueuedReason = s.fleet.queuedReason(&j)
 		size, ch := l.size, l.changed
 		s.mu.Unlock()
 		return &j, size, ch, nil
@@ -863,7 +856,7 @@ func (s *Service) HandleEvent(ctx context.Context, e *Event) error {
 		// An ended or unknown job. A start after the end (killed while being taken, or lost and
 		// then found) must not leave a process running.
 		if e.Kind == proto.EventAccepted || e.Kind == proto.EventStarted {
-			s.stopStrayLocked(e.Runner, e.JobID)
+			s.fleet.stopStray(e.Runner, e.JobID)
 		}
 		return nil
 	}
@@ -987,32 +980,6 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	return nil
 }
 
-// stopStrayLocked asks a runner, in the background, to kill a job the coordinator already considers
-// ended (or a monitor it stopped, one fenced: fence.go, one past the output budget). A job with a request in flight gets no
-// second one. Run waits for these requests when it returns. s.mu is held.
-func (s *Service) stopStrayLocked(runner, id string) {
-	if s.stopping[id] {
-		return
-	}
-	s.stopping[id] = true
-	s.strays.Add(1)
-	go func() {
-		defer s.strays.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		reply, err := s.disp.Control(ctx, runner, &Control{Op: proto.OpKill, JobID: id})
-		s.mu.Lock()
-		delete(s.stopping, id)
-		s.mu.Unlock()
-		switch {
-		case err != nil:
-			s.cfg.Logger.Warn("stop stray job", "job", id, "runner", runner, "err", err)
-		case reply.Code == proto.ReplyOK:
-			s.cfg.Logger.Info("stopped stray job", "job", id, "runner", runner)
-		}
-	}()
-}
-
 // ErrNotReady is returned for an event that cannot be applied yet (output before the start, an exit
 // before all its output); the event is retried shortly.
 var ErrNotReady = errors.New("coordinator: event not applicable yet")
@@ -1068,7 +1035,7 @@ func (s *Service) HandleChunk(ctx context.Context, c *Chunk) error {
 			// The job that writes past the budget is stopped; quiet jobs go on.
 			l.budgetCut = true
 			s.cfg.Logger.Warn("output budget reached: stopping the job writing", "job", l.job.ID, "budget", s.cfg.OutputBudget)
-			s.stopStrayLocked(l.job.Runner, l.job.ID)
+			s.fleet.stopStray(l.job.Runner, l.job.ID)
 		}
 		l.lastGrowth, l.stallChecked = s.cfg.Now(), false
 		if err := s.watchOutputLocked(ctx, l, old, c); err != nil {
@@ -1104,7 +1071,7 @@ func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, 
 	}
 	if l.watch.monStopped && !l.watch.monKillAsked && l.job.Runner != "" {
 		l.watch.monKillAsked = true
-		s.stopStrayLocked(l.job.Runner, l.job.ID)
+		s.fleet.stopStray(l.job.Runner, l.job.ID)
 	}
 	return nil
 }
@@ -1112,7 +1079,7 @@ func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, 
 // Run does the coordinator's periodic work until ctx ends: it rewrites running jobs' headers and
 // marks the jobs of silent runners lost.
 func (s *Service) Run(ctx context.Context) {
-	defer s.strays.Wait()
+	defer s.fleet.wait()
 	header := time.NewTicker(s.cfg.HeaderInterval)
 	defer header.Stop()
 	check := time.NewTicker(s.cfg.CheckInterval)
@@ -1152,77 +1119,32 @@ func (s *Service) touchHeaders() {
 	}
 }
 
-// linkChecker is implemented by a Dispatcher that can tell whether the coordinator reaches the
-// runners' bus right now (a round trip to NATS).
-type linkChecker interface {
-	CheckLink(ctx context.Context) error
-}
-
-// linkCheckTimeout bounds one check of the coordinator's own link.
-const linkCheckTimeout = 2 * time.Second
-
-// checkLink checks the coordinator's own link to the runners, when the dispatcher can, and reports
-// since when it has been up without a break (s.start when it cannot tell), or false while it is
-// down. Silence heard through a broken link says nothing of the runners: deadlines count from
-// when the link is back.
-func (s *Service) checkLink(ctx context.Context) (time.Time, bool) {
-	lc, ok := s.disp.(linkChecker)
-	if !ok {
-		return s.start, true
-	}
-	cctx, cancel := context.WithTimeout(ctx, linkCheckTimeout)
-	err := lc.CheckLink(cctx)
-	cancel()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		if !s.linkUp.IsZero() {
-			s.cfg.Logger.Warn("the coordinator cannot reach NATS: no job is marked lost until it can", "err", err)
-		}
-		s.linkUp = time.Time{}
-		return time.Time{}, false
-	}
-	if s.linkUp.IsZero() {
-		s.linkUp = s.cfg.Now()
-	}
-	return s.linkUp, true
-}
-
 // markLost ends, as lost, the jobs of runners that went silent or restarted and the jobs taken but
 // never started. Silence counts only while the coordinator's own link was up (checkLink).
 func (s *Service) markLost(ctx context.Context) {
-	linkUp, ok := s.checkLink(ctx)
+	linkUp, ok := s.fleet.checkLink(ctx)
 	if !ok {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
-	heard := func(at time.Time) time.Time {
-		if at.Before(linkUp) {
-			return linkUp
-		}
-		return at
-	}
-	for id, r := range s.runners {
-		if now.Sub(heard(r.LastSeen)) > s.cfg.RunnerDeadline {
-			s.cfg.Logger.Warn("runner gone", "runner", id, "last_seen", r.LastSeen)
-			delete(s.runners, id)
-		}
-	}
+	// The runners are looked at once, under the jobs' lock: a heartbeat that comes meanwhile is
+	// applied as if after this pass.
+	runners := s.fleet.sweep(now, linkUp)
 	for _, l := range s.live {
 		j := l.job
 		if j.Runner == "" {
 			continue
 		}
-		r, known := s.runners[j.Runner]
+		r, known := runners[j.Runner]
 		var why string
 		switch {
-		case !known && now.Sub(heard(s.start)) > s.cfg.RunnerDeadline:
+		case !known && now.Sub(later(s.start, linkUp)) > s.cfg.RunnerDeadline:
 			why = "its runner " + j.Runner + " stopped sending heartbeats"
 		case known && j.AcceptedAt != nil && j.AcceptedAt.Before(r.Boot):
 			why = "its runner " + j.Runner + " restarted"
-		case j.StartedAt == nil && j.AcceptedAt != nil && now.Sub(heard(*j.AcceptedAt)) > s.cfg.StartDeadline:
+		case j.StartedAt == nil && j.AcceptedAt != nil && now.Sub(later(*j.AcceptedAt, linkUp)) > s.cfg.StartDeadline:
 			why = "it was taken by runner " + j.Runner + " but never started"
 		default:
 			continue

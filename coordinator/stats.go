@@ -46,7 +46,7 @@ func (s *Service) Stats() Stats {
 	}
 	st.JobsLive = len(s.live)
 	st.OutputStored = s.outputTotal
-	st.Runners = len(s.runners)
+	st.Runners = s.fleet.count()
 	st.ScannedBytes = s.scannedBytes.Load()
 	st.OutputLive = s.liveOutput
 	return st
