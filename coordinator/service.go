@@ -152,15 +152,12 @@ type Service struct {
 
 	sessions *sessionBook
 	fleet    *fleet
+	budget   *retention
 
 	mu      sync.Mutex
 	live    map[string]*liveJob // every job not yet ended
 	runners map[string]*Runner
 	stats   Stats
-	// outputTotal is the output of the ended jobs in the store, for RetainBytes; liveOutput that of
-	// the jobs not ended. Together they are held to OutputBudget.
-	outputTotal int64
-	liveOutput  int64
 
 	// scans are the waits' output scanners by job and pattern (scan.go); scannedBytes counts the
 	// output they read, for Stats.
@@ -288,13 +285,11 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		return nil, err
 	}
 	now := cfg.Now()
-	if s.outputTotal, err = storedOutput(ctx, jobs); err != nil {
-		return nil, err
-	}
 	unfinished, err := jobs.UnfinishedJobs(ctx)
 	if err != nil {
 		return nil, err
 	}
+	var live int64
 	for _, j := range unfinished {
 		size, err := out.Size(j.ID)
 		if err != nil {
@@ -303,44 +298,19 @@ func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Disp
 		// Output matching resumes at the end of what is on disk: what was before was matched in
 		// the earlier life.
 		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newOutputWatch(j, &cfg), lastGrowth: now}
-		s.liveOutput += size
+		live += size
+	}
+	if s.budget, err = newRetention(ctx, &s.cfg, jobs, out, live); err != nil {
+		return nil, err
 	}
 	return s, nil
-}
-
-// Disk bounds by default (Config.OutputBudget, Config.MinFreeBytes).
-const (
-	DefaultOutputBudget = 20 << 30
-	DefaultMinFreeBytes = 1 << 30
-)
-
-// freeSpacer is implemented by an OutputStore that can tell the free space of its disk.
-type freeSpacer interface {
-	FreeBytes() (int64, error)
 }
 
 // RoomForJob returns why a new job may not start for lack of disk, or nil: the output stored for
 // all jobs reached OutputBudget, or the data disk has less than MinFreeBytes free. Start checks
 // it; /readyz reports it.
 func (s *Service) RoomForJob() error {
-	s.mu.Lock()
-	used := s.outputTotal + s.liveOutput
-	s.mu.Unlock()
-	if used >= s.cfg.OutputBudget {
-		return Errorf(EOUTPUTBUDGET, "The output stored for all jobs (%d bytes) reached the coordinator's budget of %d bytes (--output-budget): no job starts until running jobs end or retention removes ended ones (--retain-bytes, --retain-age).", used, s.cfg.OutputBudget)
-	}
-	fs, ok := s.out.(freeSpacer)
-	if !ok || s.cfg.MinFreeBytes < 0 {
-		return nil
-	}
-	free, err := fs.FreeBytes()
-	if err != nil {
-		return err
-	}
-	if free < s.cfg.MinFreeBytes {
-		return Errorf(EDISKLOW, "The coordinator's data disk has %d bytes free, less than the %d it keeps (--min-free-disk): no job starts until space is freed.", free, s.cfg.MinFreeBytes)
-	}
-	return nil
+	return s.budget.room()
 }
 
 // StartResult is the reply to a start.
@@ -974,8 +944,7 @@ func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
 	}
 	delete(s.live, j.ID)
 	s.stats.JobsEnded[j.Status]++
-	s.outputTotal += j.OutputBytes
-	s.liveOutput -= l.size
+	s.budget.ended(l.size, j.OutputBytes)
 	l.wake()
 	return nil
 }
@@ -1030,8 +999,7 @@ func (s *Service) HandleChunk(ctx context.Context, c *Chunk) error {
 			l.clock.firstOutput = l.clock.since(time.Now())
 			l.retimeLocked()
 		}
-		s.liveOutput += l.size - old
-		if s.outputTotal+s.liveOutput > s.cfg.OutputBudget && !l.budgetCut && l.job.Runner != "" {
+		if s.budget.grew(l.size-old) && !l.budgetCut && l.job.Runner != "" {
 			// The job that writes past the budget is stopped; quiet jobs go on.
 			l.budgetCut = true
 			s.cfg.Logger.Warn("output budget reached: stopping the job writing", "job", l.job.ID, "budget", s.cfg.OutputBudget)
@@ -1088,7 +1056,7 @@ func (s *Service) Run(ctx context.Context) {
 	defer notify.Stop()
 	retain := time.NewTicker(s.cfg.RetentionInterval)
 	defer retain.Stop()
-	s.retain(ctx)
+	s.budget.retain(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -1098,7 +1066,7 @@ func (s *Service) Run(ctx context.Context) {
 		case <-check.C:
 			s.markLost(ctx)
 		case <-retain.C:
-			s.retain(ctx)
+			s.budget.retain(ctx)
 		case <-notify.C:
 			s.checkNotes(ctx)
 			s.endExpired(ctx)

@@ -45,9 +45,8 @@ func (s *Service) Stats() Stats {
 		st.Forged[k] = v
 	}
 	st.JobsLive = len(s.live)
-	st.OutputStored = s.outputTotal
+	st.OutputStored, st.OutputLive, st.JobsRemoved, st.NotificationsRemoved = s.budget.counts()
 	st.Runners = s.fleet.count()
 	st.ScannedBytes = s.scannedBytes.Load()
-	st.OutputLive = s.liveOutput
 	return st
 }
