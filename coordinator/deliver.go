@@ -10,20 +10,20 @@ func (l *liveJob) endNotified() bool {
 }
 
 // checkNotes closes the debounce windows whose time has come and checks for stalls (stall.go).
-func (s *Service) checkNotes(ctx context.Context) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.cfg.Now()
-	for _, l := range s.live {
+func (lc *lifecycle) checkNotes(ctx context.Context) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	now := lc.cfg.Now()
+	for _, l := range lc.live {
 		if l.quiet {
 			continue
 		}
 		if l.watch != nil {
 			l.watch.tick(now)
-			if err := s.sessions.deliver(ctx, l.job, l.watch.take()); err != nil {
-				s.cfg.Logger.Error("store output notification", "job", l.job.ID, "err", err)
+			if err := lc.sessions.deliver(ctx, l.job, l.watch.take()); err != nil {
+				lc.cfg.Logger.Error("store output notification", "job", l.job.ID, "err", err)
 			}
 		}
-		s.checkStallLocked(ctx, l, now)
+		lc.checkStallLocked(ctx, l, now)
 	}
 }

@@ -9,16 +9,15 @@ package coordinator
 // alone. The kill requests go through the fleet's stopStray: one in flight per job; the next
 // heartbeat that still lists a job sends another.
 //
-// The jobs are looked at under the jobs' lock and the requests asked for under it (jobs, then
-// fleet: the lock order of service.go), so that a job does not end or move between the look and
-// the request.
-func (s *Service) fence(runner string, jobs []string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// The jobs are looked at under lc.mu and the requests asked for under it (jobs, then fleet: the
+// lock order of service.go), so that a job does not end or move between the look and the request.
+func (lc *lifecycle) fence(runner string, jobs []string) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
 	for _, id := range jobs {
-		if l, ok := s.live[id]; ok && (l.job.Runner == "" || l.job.Runner == runner) {
+		if l, ok := lc.live[id]; ok && (l.job.Runner == "" || l.job.Runner == runner) {
 			continue
 		}
-		s.fleet.stopStray(runner, id)
+		lc.fleet.stopStray(runner, id)
 	}
 }

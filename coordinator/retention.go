@@ -47,10 +47,11 @@ type retention struct {
 	notesRemoved int64
 }
 
-// newRetention sums the output of the ended jobs in the store, once at start-up; live is that of
-// the jobs not ended, which the jobs' part loaded. The counters are kept up to date afterwards.
-func newRetention(ctx context.Context, cfg *Config, store Store, out OutputStore, live int64) (*retention, error) {
-	r := &retention{cfg: cfg, store: store, out: out, live: live}
+// newRetention sums the output of the ended jobs in the store, once at start-up; the jobs' part
+// counts that of the jobs not ended as it loads them (grew). The counters are kept up to date
+// afterwards.
+func newRetention(ctx context.Context, cfg *Config, store Store, out OutputStore) (*retention, error) {
+	r := &retention{cfg: cfg, store: store, out: out}
 	err := store.OldestJobs(ctx, func(j *Job) bool {
 		if j.Status.Ended() {
 			r.stored += j.OutputBytes

@@ -32,7 +32,7 @@ type Runner struct {
 // lost (markLost ends them).
 func (s *Service) HandleHeartbeat(h *Heartbeat) {
 	s.fleet.heartbeat(h)
-	s.fence(h.Runner, h.Jobs)
+	s.jobs.fence(h.Runner, h.Jobs)
 }
 
 // Runners lists the live runners by id.

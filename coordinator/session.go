@@ -95,21 +95,10 @@ func (s *Service) TouchSession(id string) {
 // EndSession ends a session: its queued jobs are withdrawn and its running jobs stopped, all ending
 // aborted with reason session_ended and sending no notification. It returns the ids of those jobs.
 func (s *Service) EndSession(ctx context.Context, id string) ([]string, error) {
-	s.mu.Lock()
-	// The session ends and its jobs are marked under the jobs' lock, so that a start in it either
-	// comes before (its job is marked here) or after (it reopens the session).
-	if err := s.sessions.end(ctx, id); err != nil {
-		s.mu.Unlock()
+	ids, err := s.jobs.endSession(ctx, id)
+	if err != nil {
 		return nil, err
 	}
-	ids := []string{}
-	for jid, l := range s.live {
-		if l.job.Session == id {
-			l.sessionEnded, l.quiet = true, true
-			ids = append(ids, jid)
-		}
-	}
-	s.mu.Unlock()
 
 	var (
 		wg   sync.WaitGroup
@@ -193,7 +182,7 @@ func (s *Service) Notifications(ctx context.Context, q NotificationQuery) ([]*No
 			return nil, 0, Errorf(EINVALID, "after %d is beyond the last notification of session %q (%d).", after, q.Session, last)
 		}
 		if last > after {
-			notes, err := s.jobs.Notifications(ctx, q.Session, after, q.Limit)
+			notes, err := s.store.Notifications(ctx, q.Session, after, q.Limit)
 			if err != nil {
 				return nil, 0, err
 			}
