@@ -279,7 +279,9 @@ func (lc *lifecycle) fillStats(st *Stats) {
 	st.JobsLive = len(lc.live)
 }
 
-// liveJob is the in-memory state of a job that has not ended.
+// liveJob is the in-memory state of a job that has not ended. Every field, and its job's, is
+// read and written under lifecycle.mu; the front holds a *liveJob only as a handle to give back
+// (wait, unobserve).
 type liveJob struct {
 	job *Job
 	// size is the length of the body written without a gap: readers never see past it.
