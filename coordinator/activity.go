@@ -13,8 +13,8 @@ import (
 // activityLocked applies an activity event (proto.EventActivity): what the runner sees of the job's
 // processes in /proc. The job's ports become the event's, and each port it had not listed yet is
 // notified once (kind port); the time it began to wait for input is kept for checkNotes, which
-// turns a wait of InputStallAfter into the job's stall notification. s.mu is held.
-func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *Event) error {
+// turns a wait of InputStallAfter into the job's stall notification. lc.mu is held.
+func (lc *lifecycle) activityLocked(ctx context.Context, l *liveJob, e *Event) error {
 	j := l.job
 	if j.Status == StatusQueued {
 		return ErrNotReady // its started event is still to come
@@ -27,7 +27,7 @@ func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *Event) erro
 		l.inputSince = time.Time{}
 	} else if l.inputSince.IsZero() {
 		// By the coordinator's clock: the runner's need not agree with it.
-		l.inputSince = s.cfg.Now().Add(-e.inputFor())
+		l.inputSince = lc.cfg.Now().Add(-e.inputFor())
 	}
 	if slices.Equal(j.Ports, e.Ports) {
 		return nil
@@ -46,11 +46,11 @@ func (s *Service) activityLocked(ctx context.Context, l *liveJob, e *Event) erro
 	}
 	j.Ports = slices.Clone(e.Ports)
 	if !l.quiet {
-		if err := s.addNotesLocked(ctx, l, notes); err != nil {
+		if err := lc.sessions.deliver(ctx, l.job, notes); err != nil {
 			return err
 		}
 	}
-	if err := s.jobs.PutJob(ctx, j); err != nil {
+	if err := lc.store.PutJob(ctx, j); err != nil {
 		return err
 	}
 	l.wake()
@@ -78,20 +78,20 @@ func portNote(j *Job, p Port) note {
 
 // inputStallLocked sends the stall notification of a job whose processes have all waited for input
 // for InputStallAfter, as the runner saw them, whatever its last line looks like. It reports
-// whether it did. s.mu is held.
-func (s *Service) inputStallLocked(ctx context.Context, l *liveJob, now time.Time) bool {
-	if l.inputSince.IsZero() || now.Sub(l.inputSince) < s.cfg.InputStallAfter {
+// whether it did. lc.mu is held.
+func (lc *lifecycle) inputStallLocked(ctx context.Context, l *liveJob, now time.Time) bool {
+	if l.inputSince.IsZero() || now.Sub(l.inputSince) < lc.cfg.InputStallAfter {
 		return false
 	}
-	tail, err := s.tailLocked(l)
+	tail, err := lc.tailLocked(l)
 	if err != nil {
-		s.cfg.Logger.Warn("read output tail", "job", l.job.ID, "err", err)
+		lc.cfg.Logger.Warn("read output tail", "job", l.job.ID, "err", err)
 		return false
 	}
 	l.stallNotified = true
 	n := inputStallNote(l.job, screenText(l.job, tail), now.Sub(l.inputSince).Truncate(time.Second))
-	if err := s.addNotesLocked(ctx, l, []note{n}); err != nil {
-		s.cfg.Logger.Error("store stall notification", "job", l.job.ID, "err", err)
+	if err := lc.sessions.deliver(ctx, l.job, []note{n}); err != nil {
+		lc.cfg.Logger.Error("store stall notification", "job", l.job.ID, "err", err)
 	}
 	return true
 }

@@ -3,10 +3,5 @@ package coordinator
 // Observers is how many callers wait for the end of job id right now (a blocking start, a wait),
 // so that a test can wait until its waiter is counted instead of sleeping.
 func (s *Service) Observers(id string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if l := s.live[id]; l != nil {
-		return l.observers
-	}
-	return 0
+	return s.jobs.observers(id)
 }

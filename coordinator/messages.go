@@ -127,7 +127,7 @@ type Heartbeat struct {
 	Version        string
 	// Draining: the runner takes no more work and lets its jobs finish.
 	Draining bool
-	// Jobs are the ids of the jobs the runner runs (or is starting): fenceLocked has it kill those
+	// Jobs are the ids of the jobs the runner runs (or is starting): fence has it kill those
 	// the coordinator no longer considers running there.
 	Jobs []string
 	// Boot is when the runner process started: a new one means the old one's jobs are lost.

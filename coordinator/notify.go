@@ -79,7 +79,7 @@ type note struct {
 
 // outputWatch follows one job's output: it matches notify_on_output's pattern over the stream,
 // debouncing, and collects a monitor's lines. It sees only the gap-free body, in order. Its owner
-// holds s.mu.
+// holds lc.mu (lifecycle).
 type outputWatch struct {
 	jobTitle string
 	re       *regexp.Regexp

@@ -92,9 +92,11 @@ func TestRetentionAge(t *testing.T) {
 	clk.advance(25 * time.Hour)
 	recent := runJob(t, svc, clk, "recent\n")
 	waitGone(t, svc, old)
-	if _, err := os.Stat(oldPath); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("terminal file of a removed job: %v", err)
-	}
+	// The record goes first, the terminal file after it: wait for the file too.
+	poll.Until(t, 5*time.Second, "terminal file of a removed job gone", func() bool {
+		_, err := os.Stat(oldPath)
+		return errors.Is(err, os.ErrNotExist)
+	})
 	if !present(t, svc, recent) || !present(t, svc, running) {
 		t.Error("a recent or running job was removed")
 	}

@@ -3,9 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"log/slog"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -14,161 +12,37 @@ import (
 	"github.com/sbx-dev/sbx/proto"
 )
 
-// Config holds the coordinator's settings; the zero value of each field means its default.
-type Config struct {
-	// CheckCwd makes Start refuse a cwd that does not exist here: set it when the coordinator shares
-	// the runners' file system (sbx serve).
-	CheckCwd bool
-	// DefaultOutputBytes caps a job's output when the request sets no cap (default 1 GiB).
-	DefaultOutputBytes int64
-	// RunnerDeadline is how long a runner may stay silent before it is gone and its jobs lost
-	// (proto.DefaultRunnerDeadline, 8 s).
-	RunnerDeadline time.Duration
-	// StartDeadline is how long a taken job may wait for its start event before it is lost (60 s).
-	StartDeadline time.Duration
-	// HeaderInterval is how often a running job's running_for_ms is rewritten (5 s).
-	HeaderInterval time.Duration
-	// CheckInterval is how often silent runners and jobs that never started are looked for (1 s).
-	CheckInterval time.Duration
-	// NotifyInterval is how often debounce windows, stalls and session leases are looked at (100 ms).
-	NotifyInterval time.Duration
-	// StallAfter is how long output must stay unchanged before a prompt-like last line notifies (30 s).
-	StallAfter time.Duration
-	// InputStallAfter is how long a job's processes must all wait for input, as its runner sees them
-	// in /proc, before the job's stall is notified whatever its last line (10 s).
-	InputStallAfter time.Duration
-	// MinDebounce is the shortest notify_on_output debounce accepted (5 s); tests lower it.
-	MinDebounce time.Duration
-	// MonitorMaxLines lines per MonitorWindow are the most a monitor may print; more stops it
-	// (200 lines per 10 s).
-	MonitorMaxLines int
-	MonitorWindow   time.Duration
-	// MonitorTimeout is a monitor's timeout unless it is persistent or sets its own (30 min).
-	MonitorTimeout time.Duration
-	// OutputBudget bounds the output stored for all jobs together, the ended ones kept and the
-	// running ones (DefaultOutputBudget): at it, new jobs are refused (EOUTPUTBUDGET) and a running
-	// job that writes more is stopped, ending with reason output_limit. It should exceed RetainBytes,
-	// which retention brings the ended jobs' output back under.
-	OutputBudget int64
-	// MinFreeBytes is the free space the data disk keeps (DefaultMinFreeBytes): below it new jobs
-	// are refused (EDISKLOW). Negative: not checked.
-	MinFreeBytes int64
-
-	// RetainAge is how long an ended job (its record and output) and a notification are kept (7 days);
-	// RetainBytes bounds the output of the ended jobs kept (10 GiB): past it the oldest go first.
-	// RetentionInterval is how often they are applied (1 min).
-	RetainAge         time.Duration
-	RetainBytes       int64
-	RetentionInterval time.Duration
-
-	// Idempotency keeps the Idempotency-Keys of starts for every coordinator of the fleet (nil:
-	// StartOnce refuses, EUNAVAILABLE). IdempotencyWait is how long a start that finds its key
-	// reserved by a start still under way waits for its job (10 s); AbandonAfter is the age at
-	// which such a reservation was abandoned, its coordinator gone between reserving and queuing,
-	// and is taken over (1 min).
-	Idempotency     IdempotencyStore
-	IdempotencyWait time.Duration
-	AbandonAfter    time.Duration
-
-	Now    func() time.Time
-	Logger *slog.Logger
-}
-
-func (c *Config) setDefaults() {
-	if c.IdempotencyWait == 0 {
-		c.IdempotencyWait = 10 * time.Second
-	}
-	if c.AbandonAfter == 0 {
-		c.AbandonAfter = time.Minute
-	}
-	if c.DefaultOutputBytes == 0 {
-		c.DefaultOutputBytes = 1 << 30
-	}
-	if c.RunnerDeadline == 0 {
-		c.RunnerDeadline = proto.DefaultRunnerDeadline
-	}
-	if c.StartDeadline == 0 {
-		c.StartDeadline = 60 * time.Second
-	}
-	if c.HeaderInterval == 0 {
-		c.HeaderInterval = 5 * time.Second
-	}
-	if c.CheckInterval == 0 {
-		c.CheckInterval = time.Second
-	}
-	if c.NotifyInterval == 0 {
-		c.NotifyInterval = 100 * time.Millisecond
-	}
-	if c.StallAfter == 0 {
-		c.StallAfter = 30 * time.Second
-	}
-	if c.InputStallAfter == 0 {
-		c.InputStallAfter = 10 * time.Second
-	}
-	if c.MinDebounce == 0 {
-		c.MinDebounce = DefaultDebounce
-	}
-	if c.MonitorMaxLines == 0 {
-		c.MonitorMaxLines = 200
-	}
-	if c.MonitorWindow == 0 {
-		c.MonitorWindow = 10 * time.Second
-	}
-	if c.MonitorTimeout == 0 {
-		c.MonitorTimeout = 30 * time.Minute
-	}
-	if c.RetainAge == 0 {
-		c.RetainAge = DefaultRetainAge
-	}
-	if c.RetainBytes == 0 {
-		c.RetainBytes = DefaultRetainBytes
-	}
-	if c.RetentionInterval == 0 {
-		c.RetentionInterval = time.Minute
-	}
-	if c.OutputBudget == 0 {
-		c.OutputBudget = DefaultOutputBudget
-	}
-	if c.MinFreeBytes == 0 {
-		c.MinFreeBytes = DefaultMinFreeBytes
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-}
-
 // Service is the coordinator: it starts jobs, applies the runners' events to them and answers
 // questions about them. Events are applied by one goroutine (the event consumer); API calls come
 // concurrently.
+//
+// Service is the thin front the adapters call: it checks a call's arguments and routes it to the
+// part that owns what it touches, each a type of its own with its own mutex and invariants:
+//
+//   - lifecycle (lifecycle.go; activity.go, stall.go, deliver.go, fence.go): the jobs not ended,
+//     their events, output, waiters and end;
+//   - fleet (runners.go): runner membership, the coordinator's link, stray kill requests;
+//   - sessionBook (sessionbook.go): sessions, their notifications' seqs, cursors and leases;
+//   - retention (retention.go): the output budget and what is kept of ended jobs.
+//
+// Lock order: lifecycle → fleet → sessionBook → retention. A part holding its lock calls only into
+// parts after it, never before: a job's end (lifecycle.finishLocked) stores its notifications
+// (sessionBook.deliver) and moves its output in the budget (retention.ended) under the jobs' lock;
+// a chunk past the budget and an event of an ended job ask the fleet for a stray kill under it;
+// fence and markLost look at the runners under it; a session's end (lifecycle.endSession) ends
+// the session and marks its jobs under it. fleet, sessionBook and retention call no other part.
+// The front holds no lock of its own but scanMu (scan.go), which nests in none.
 type Service struct {
 	cfg   Config
-	jobs  Store
+	store Store
 	out   OutputStore
 	disp  Dispatcher
-	start time.Time
 
-	mu       sync.Mutex
-	live     map[string]*liveJob // every job not yet ended
-	runners  map[string]*Runner
-	sessions map[string]*Session // handed out only as copies
-	// notesChanged is closed and replaced whenever a notification is stored.
-	notesChanged chan struct{}
-	stats        Stats
-	// outputTotal is the output of the ended jobs in the store, for RetainBytes; liveOutput that of
-	// the jobs not ended. Together they are held to OutputBudget.
-	outputTotal int64
-	liveOutput  int64
-
-	// strays are the kill requests sent to runners in the background (stopStrayLocked); Run waits for them.
-	strays sync.WaitGroup
-	// stopping are the jobs a stray kill request is in flight for (stopStrayLocked): one at a time per job.
-	stopping map[string]bool
-	// linkUp is since when the coordinator's own link has been up without a break (checkLink);
-	// zero while it is down or not yet checked.
-	linkUp time.Time
+	// The parts, each owning its state under its own lock (the lock order above).
+	jobs     *lifecycle
+	fleet    *fleet
+	sessions *sessionBook
+	budget   *retention
 
 	// scans are the waits' output scanners by job and pattern (scan.go); scannedBytes counts the
 	// output they read, for Stats.
@@ -177,188 +51,29 @@ type Service struct {
 	scannedBytes atomic.Int64
 }
 
-// liveJob is the in-memory state of a job that has not ended.
-type liveJob struct {
-	job *Job
-	// size is the length of the body written without a gap: readers never see past it.
-	size int64
-	// ahead holds chunks written beyond a gap (offset → end), which a late chunk may close.
-	ahead   map[int64]int64
-	changed chan struct{} // closed and replaced at every change
-	// exitSeen is when the exit event first arrived while output was still missing.
-	exitSeen time.Time
-
-	// observers counts the callers waiting for the end right now (a blocking start, a wait). An end
-	// applied while one waits is observed: no finished notification is stored, unless every
-	// observer then returns without reporting it (endSeen stays false).
-	observers int
-	endSeen   bool
-	// ownerKill: the job's own session asked for its kill, so its end is observed (KillFrom).
-	ownerKill bool
-	// sessionEnded: the job's session ended, so its end is session_ended. quiet: it notifies nothing.
-	sessionEnded bool
-	quiet        bool
-	watch        *outputWatch // nil when nothing watches the output
-	// errSpans are the byte ranges [off, end) of the body that came from stderr's own pipe (a
-	// monitor reads it apart), kept until the watch has seen them.
-	errSpans []span
-	// lastGrowth is when the body last grew; stallChecked is set once the current quiet spell was
-	// looked at for a prompt, stallNotified once a stall was notified (once per job).
-	lastGrowth    time.Time
-	stallChecked  bool
-	stallNotified bool
-	// budgetCut: the job was stopped because the output of all jobs reached OutputBudget; it ends
-	// with reason output_limit.
-	budgetCut bool
-	// inputSince is when the job's processes began to wait for input, by this coordinator's clock
-	// (zero: they do not), from the runner's activity events, the latest of which is activitySeq;
-	// portsSeen are the ports already notified.
-	inputSince  time.Time
-	activitySeq int64
-	portsSeen   map[string]bool
-	// clock is what this coordinator measured of the job's stages (Job.Timings).
-	clock clock
-}
-
-// span is a byte range [off, end) of a job's output.
-type span struct{ off, end int64 }
-
-// feedWatch hands the body's bytes [from, from+len(data)) to the watch, each run of them as the
-// stream it came from, and forgets the stderr spans the watch has now seen.
-func (l *liveJob) feedWatch(data []byte, from int64, now time.Time) {
-	for len(data) > 0 {
-		end := from + int64(len(data))
-		stderr, until := false, end
-		for _, sp := range l.errSpans {
-			if sp.off <= from && from < sp.end {
-				stderr, until = true, min(end, sp.end)
-				break
-			}
-			if sp.off > from && sp.off < until {
-				until = sp.off
-			}
-		}
-		n := until - from
-		l.watch.feed(data[:n], stderr, now)
-		data, from = data[n:], until
-	}
-	kept := l.errSpans[:0]
-	for _, sp := range l.errSpans {
-		if sp.end > l.size {
-			kept = append(kept, sp)
-		}
-	}
-	l.errSpans = kept
-}
-
-// wrote records a chunk written at [off, end) and reports whether the gap-free body grew.
-func (l *liveJob) wrote(off, end int64) bool {
-	if off > l.size {
-		if l.ahead == nil {
-			l.ahead = map[int64]int64{}
-		}
-		l.ahead[off] = max(l.ahead[off], end)
-		return false
-	}
-	old := l.size
-	l.size = max(l.size, end)
-	for grown := true; grown; {
-		grown = false
-		for o, e := range l.ahead {
-			if o <= l.size {
-				l.size = max(l.size, e)
-				delete(l.ahead, o)
-				grown = true
-			}
-		}
-	}
-	return l.size > old
-}
-
-// wake closes the job's change channel, waking whoever waits for its next change, and makes the next one.
-func (l *liveJob) wake() {
-	close(l.changed)
-	l.changed = make(chan struct{})
-}
-
 // New returns a Service. It loads the unfinished jobs of an earlier life from the store.
-func New(ctx context.Context, cfg Config, jobs Store, out OutputStore, disp Dispatcher) (*Service, error) {
+func New(ctx context.Context, cfg Config, store Store, out OutputStore, disp Dispatcher) (*Service, error) {
 	cfg.setDefaults()
-	s := &Service{
-		cfg: cfg, jobs: jobs, out: out, disp: disp, start: cfg.Now(),
-		live: map[string]*liveJob{}, runners: map[string]*Runner{}, sessions: map[string]*Session{},
-		stopping:     map[string]bool{},
-		scans:        map[scanKey]*scanner{},
-		notesChanged: make(chan struct{}),
-		stats:        Stats{JobsEnded: map[Status]int64{}, Forged: map[string]int64{}},
-	}
-	sessions, err := jobs.Sessions(ctx)
-	if err != nil {
+	s := &Service{cfg: cfg, store: store, out: out, disp: disp, scans: map[scanKey]*scanner{}}
+	s.fleet = newFleet(&s.cfg, disp, cfg.Now())
+	var err error
+	if s.sessions, err = newSessionBook(ctx, &s.cfg, store); err != nil {
 		return nil, err
 	}
-	now := cfg.Now()
-	for _, st := range sessions {
-		if st.ExpiresAt != nil {
-			// Renewals made in memory were lost with the process: give the lease a full length again.
-			if at := now.Add(time.Duration(st.LeaseMS) * time.Millisecond); at.After(*st.ExpiresAt) {
-				st.ExpiresAt = &at
-			}
-		}
-		s.sessions[st.ID] = st
-	}
-	if s.outputTotal, err = storedOutput(ctx, jobs); err != nil {
+	if s.budget, err = newRetention(ctx, &s.cfg, store, out); err != nil {
 		return nil, err
 	}
-	unfinished, err := jobs.UnfinishedJobs(ctx)
-	if err != nil {
+	if s.jobs, err = newLifecycle(ctx, &s.cfg, store, out, s.fleet, s.sessions, s.budget); err != nil {
 		return nil, err
-	}
-	for _, j := range unfinished {
-		size, err := out.Size(j.ID)
-		if err != nil {
-			return nil, err
-		}
-		// Output matching resumes at the end of what is on disk: what was before was matched in
-		// the earlier life.
-		s.live[j.ID] = &liveJob{job: j, size: size, changed: make(chan struct{}), watch: newOutputWatch(j, &cfg), lastGrowth: now}
-		s.liveOutput += size
 	}
 	return s, nil
-}
-
-// Disk bounds by default (Config.OutputBudget, Config.MinFreeBytes).
-const (
-	DefaultOutputBudget = 20 << 30
-	DefaultMinFreeBytes = 1 << 30
-)
-
-// freeSpacer is implemented by an OutputStore that can tell the free space of its disk.
-type freeSpacer interface {
-	FreeBytes() (int64, error)
 }
 
 // RoomForJob returns why a new job may not start for lack of disk, or nil: the output stored for
 // all jobs reached OutputBudget, or the data disk has less than MinFreeBytes free. Start checks
 // it; /readyz reports it.
 func (s *Service) RoomForJob() error {
-	s.mu.Lock()
-	used := s.outputTotal + s.liveOutput
-	s.mu.Unlock()
-	if used >= s.cfg.OutputBudget {
-		return Errorf(EOUTPUTBUDGET, "The output stored for all jobs (%d bytes) reached the coordinator's budget of %d bytes (--output-budget): no job starts until running jobs end or retention removes ended ones (--retain-bytes, --retain-age).", used, s.cfg.OutputBudget)
-	}
-	fs, ok := s.out.(freeSpacer)
-	if !ok || s.cfg.MinFreeBytes < 0 {
-		return nil
-	}
-	free, err := fs.FreeBytes()
-	if err != nil {
-		return err
-	}
-	if free < s.cfg.MinFreeBytes {
-		return Errorf(EDISKLOW, "The coordinator's data disk has %d bytes free, less than the %d it keeps (--min-free-disk): no job starts until space is freed.", free, s.cfg.MinFreeBytes)
-	}
-	return nil
+	return s.budget.room()
 }
 
 // StartResult is the reply to a start.
@@ -396,7 +111,7 @@ func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id
 		return nil, err
 	}
 	if req.Readonly {
-		if err := s.readonlyAvailable(req.Pool); err != nil {
+		if err := s.fleet.readonlyAvailable(req.Pool); err != nil {
 			return nil, err
 		}
 	}
@@ -423,46 +138,23 @@ func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id
 		TTY: job.TTY, TTYSize: job.TTYSize,
 	}
 
-	s.mu.Lock()
-	if _, err := s.sessionLocked(ctx, job.Session); err != nil {
-		s.mu.Unlock()
+	// With BlockUntil the caller observes from now on: a job that ends before the wait below
+	// begins is seen too.
+	l, err := s.jobs.add(ctx, job, accepted, req.BlockUntil > 0)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.jobs.PutJob(ctx, job); err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	l := &liveJob{job: job, changed: make(chan struct{}), watch: newOutputWatch(job, &s.cfg), lastGrowth: now, clock: clock{accepted: accepted}}
-	l.clock.stored = l.clock.since(time.Now()) // stored with the job's next change, as WorkSeq
-	l.retimeLocked()
-	if req.BlockUntil > 0 {
-		// The caller observes from now on: a job that ends before the wait below begins is seen too.
-		l.observers++
-	}
-	s.live[job.ID] = l
-	s.stats.JobsStarted++
-	s.mu.Unlock()
-
 	seq, err := s.disp.Dispatch(ctx, work)
 	if err != nil {
-		s.mu.Lock()
-		job.end(s.cfg.Now(), proto.ReasonStartFailed, nil)
-		job.Error = "The job could not be queued: " + err.Error()
-		l.quiet = true // the caller gets the error instead
-		s.finishLocked(ctx, l)
-		s.mu.Unlock()
+		s.jobs.notQueued(ctx, l, err)
 		return nil, Errorf(EUNAVAILABLE, "The job could not be queued; is NATS reachable?")
 	}
-	s.mu.Lock()
-	job.WorkSeq = seq // persisted with the job's next change
-	l.clock.published = l.clock.since(time.Now())
-	l.retimeLocked()
-	s.mu.Unlock()
+	s.jobs.dispatched(l, seq)
 	if queued != nil {
 		queued(job.ID)
 	}
 
-	res := &StartResult{Job: s.snapshot(job.ID, job), Accepted: accepted}
+	res := &StartResult{Job: s.jobs.snapshot(job.ID, job), Accepted: accepted}
 	if req.BlockUntil > 0 {
 		w, err := s.wait(ctx, job.ID, l, req.BlockUntil, WaitCond{})
 		if err != nil {
@@ -477,20 +169,6 @@ func (s *Service) startJob(ctx context.Context, req StartRequest, queued func(id
 	}
 	res.Output, res.OutputBytes, res.OutputTruncated, res.OutputLines, res.TotalLines = t.data, t.size, t.truncated, t.lines, t.total
 	return res, nil
-}
-
-// snapshot returns a copy of the job that the caller may keep: the live job keeps changing.
-func (s *Service) snapshot(id string, fallback *Job) *Job {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if l, ok := s.live[id]; ok {
-		j := *l.job
-		j.OutputBytes = l.size
-		j.QueuedReason = s.queuedReasonLocked(&j)
-		return &j
-	}
-	j := *fallback
-	return &j
 }
 
 // Job returns a job by id.
@@ -510,12 +188,12 @@ func (s *Service) Jobs(ctx context.Context, f JobFilter) ([]*Job, error) {
 	if f.Limit == 0 {
 		f.Limit = 100
 	}
-	jobs, err := s.jobs.Jobs(ctx, f)
+	jobs, err := s.store.Jobs(ctx, f)
 	if err != nil {
 		return nil, err
 	}
 	for i, j := range jobs {
-		jobs[i] = s.snapshot(j.ID, j)
+		jobs[i] = s.jobs.snapshot(j.ID, j)
 	}
 	return jobs, nil
 }
@@ -523,24 +201,7 @@ func (s *Service) Jobs(ctx context.Context, f JobFilter) ([]*Job, error) {
 // current returns the job's current state, its body size and a channel closed at its next change;
 // the channel is nil once the job has ended.
 func (s *Service) current(ctx context.Context, id string) (*Job, int64, <-chan struct{}, error) {
-	s.mu.Lock()
-	if l, ok := s.live[id]; ok {
-		j := *l.job
-		j.OutputBytes = l.size
-		j.QueuedReason = s.queuedReasonLocked(&j)
-		size, ch := l.size, l.changed
-		s.mu.Unlock()
-		return &j, size, ch, nil
-	}
-	s.mu.Unlock()
-	if !proto.ValidToken(id) {
-		return nil, 0, nil, Errorf(ENOTFOUND, "Job %q does not exist.", id)
-	}
-	j, err := s.jobs.Job(ctx, id)
-	if err != nil {
-		return nil, 0, nil, err
-	}
-	return j, j.OutputBytes, nil, nil
+	return s.jobs.current(ctx, id)
 }
 
 // WaitResult is what a wait saw.
@@ -591,20 +252,14 @@ func (s *Service) WaitFor(ctx context.Context, id string, timeout time.Duration,
 		return nil, Errorf(EINVALID, "timeout_ms must not be negative.")
 	}
 	timeout = min(timeout, MaxWaitTimeout)
-	s.mu.Lock()
-	l := s.live[id]
-	if l != nil {
-		l.observers++
-	}
-	s.mu.Unlock()
-	return s.wait(ctx, id, l, timeout, cond)
+	return s.wait(ctx, id, s.jobs.observe(id), timeout, cond)
 }
 
 // wait is Wait for a caller already counted among l's observers (l nil: the job is not live). It
 // uncounts the caller when it returns.
 func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.Duration, cond WaitCond) (res *WaitResult, err error) {
 	if l != nil {
-		defer func() { s.unobserve(l, err == nil && res.Done) }()
+		defer func() { s.jobs.unobserve(l, err == nil && res.Done) }()
 	}
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -643,26 +298,6 @@ func (s *Service) wait(ctx context.Context, id string, l *liveJob, timeout time.
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-	}
-}
-
-// unobserve uncounts an observer of l. When the job's end was observed but the last observer leaves
-// without having reported it (it gave up, its caller went away), the finished notification is
-// stored after all, so that the end is never lost.
-func (s *Service) unobserve(l *liveJob, sawEnd bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l.observers--
-	if sawEnd {
-		l.endSeen = true
-	}
-	if l.observers > 0 || !l.job.Observed || l.endSeen || l.ownerKill || l.quiet || l.endNotified() {
-		return
-	}
-	l.endSeen = true // once
-	n := finishedNote(l.job)
-	if err := s.addNotesLocked(context.Background(), l, []note{n}); err != nil {
-		s.cfg.Logger.Error("store finished notification", "job", l.job.ID, "err", err)
 	}
 }
 
@@ -732,19 +367,11 @@ func (s *Service) Follow(ctx context.Context, id string, offset int64, w io.Writ
 func (s *Service) KillFrom(ctx context.Context, session, id, signal string) error {
 	own := false
 	if signal == "" || signal == "TERM" || signal == "KILL" {
-		s.mu.Lock()
-		if l, ok := s.live[id]; ok && session != "" && l.job.Session == session {
-			own, l.ownerKill = !l.ownerKill, true
-		}
-		s.mu.Unlock()
+		own = s.jobs.ownKill(session, id)
 	}
 	err := s.Kill(ctx, id, signal)
 	if err != nil && own {
-		s.mu.Lock()
-		if l, ok := s.live[id]; ok {
-			l.ownerKill = false
-		}
-		s.mu.Unlock()
+		s.jobs.unownKill(id)
 	}
 	return err
 }
@@ -761,17 +388,13 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 		}
 		op = proto.OpSignal
 	}
-	s.mu.Lock()
-	l, ok := s.live[id]
+	runner, seq, ok := s.jobs.placed(id)
 	if !ok {
-		s.mu.Unlock()
 		if _, _, _, err := s.current(ctx, id); err != nil {
 			return err
 		}
 		return Errorf(ECONFLICT, "Job %s has already ended.", id)
 	}
-	runner, seq := l.job.Runner, l.job.WorkSeq
-	s.mu.Unlock()
 
 	if runner == "" && op == proto.OpKill {
 		withdrawn, err := s.disp.Withdraw(ctx, seq)
@@ -779,19 +402,7 @@ func (s *Service) Kill(ctx context.Context, id, signal string) error {
 			return err
 		}
 		if withdrawn {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if l, ok := s.live[id]; ok && l.job.Runner == "" {
-				reason := proto.ReasonKilled
-				if l.sessionEnded {
-					reason = proto.ReasonSessionEnded
-				}
-				l.job.end(s.cfg.Now(), reason, nil)
-				if err := s.finishLocked(ctx, l); err != nil {
-					return err
-				}
-			}
-			return nil
+			return s.jobs.withdrawn(ctx, id)
 		}
 		// A runner took it in the meantime; its accepted event names it shortly.
 		for runner == "" {
@@ -831,299 +442,36 @@ var ErrForged = errors.New("coordinator: forged runner message")
 // Forged counts a runner message of a kind (ForgedState, ForgedOutput, ForgedHeartbeat) dropped as
 // forged by the adapter that received it, and returns ErrForged wrapped with why.
 func (s *Service) Forged(kind, why string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.forgedLocked(kind, why)
-}
-
-func (s *Service) forgedLocked(kind, why string) error {
-	s.stats.Forged[kind]++
-	return fmt.Errorf("%w: %s", ErrForged, why)
-}
-
-// checkOwnerLocked fails with ErrForged unless a message from runner with claim may be about job
-// j: the claim must be the job's (a job of an earlier version has none to check), and once the job
-// started, the runner must be the one that started it. Before the start a runner with the right
-// claim may differ from the one that announced the job: work whose ack was lost goes to another
-// runner. s.mu is held.
-func (s *Service) checkOwnerLocked(j *Job, kind, runner, claim string) error {
-	if j.Claim != "" && claim != j.Claim {
-		return s.forgedLocked(kind, fmt.Sprintf("job %s: runner %s sent a wrong claim", j.ID, runner))
-	}
-	if j.StartedAt != nil && runner != j.Runner {
-		return s.forgedLocked(kind, fmt.Sprintf("job %s runs on runner %s, not on %s", j.ID, j.Runner, runner))
-	}
-	return nil
+	return s.jobs.forged(kind, why)
 }
 
 // HandleEvent applies a runner's state event. It returns only after the change is stored. e.Runner
 // must be the runner the adapter knows sent it (the event subject's); an event whose claim or
 // runner is not its job's is ErrForged.
 func (s *Service) HandleEvent(ctx context.Context, e *Event) error {
-	received := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.live[e.JobID]
-	if ok {
-		if err := s.checkOwnerLocked(l.job, ForgedState, e.Runner, e.Claim); err != nil {
-			return err
-		}
-	}
-	s.stats.Events++
-	if !ok {
-		// An ended or unknown job. A start after the end (killed while being taken, or lost and
-		// then found) must not leave a process running.
-		if e.Kind == proto.EventAccepted || e.Kind == proto.EventStarted {
-			s.stopStrayLocked(e.Runner, e.JobID)
-		}
-		return nil
-	}
-	j := l.job
-	at := e.Time
-	l.clock.event(e.Stages, received)
-	l.retimeLocked()
-	switch e.Kind {
-	case proto.EventAccepted:
-		if j.Status != StatusQueued {
-			return nil
-		}
-		j.Runner = e.Runner
-		j.AcceptedAt = &at
-	case proto.EventStarted:
-		if j.Status != StatusQueued {
-			return nil
-		}
-		j.Runner, j.Pid, j.Status, j.StartedAt = e.Runner, e.Pid, StatusRunning, &at
-		if j.AcceptedAt == nil {
-			j.AcceptedAt = &at
-		}
-		if err := s.out.Begin(j); err != nil {
-			return err
-		}
-		l.lastGrowth = s.cfg.Now()
-	case proto.EventActivity:
-		return s.activityLocked(ctx, l, e)
-	case proto.EventExited:
-		// Every chunk was stored before the exit event, but one can come back later (a retried
-		// publish, a redelivery): the job ends only once its output is whole, or after
-		// missingOutputGrace, with what arrived.
-		if l.size < e.OutputBytes {
-			now := s.cfg.Now()
-			if l.exitSeen.IsZero() {
-				l.exitSeen = now
-			}
-			if now.Sub(l.exitSeen) < missingOutputGrace {
-				return ErrNotReady
-			}
-			s.cfg.Logger.Error("job ends with output missing", "job", j.ID, "have", l.size, "want", e.OutputBytes)
-		}
-		j.Runner = e.Runner
-		j.OutputBytes = e.OutputBytes
-		j.Signal = e.Signal
-		j.Error = e.Error
-		j.Usage = e.Usage
-		reason := e.Reason
-		if l.budgetCut {
-			reason = proto.ReasonOutputLimit // the runner says killed: the budget is why
-			j.Error = "Stopped: the output of all jobs reached the coordinator's budget (--output-budget)."
-		}
-		if l.sessionEnded {
-			reason = proto.ReasonSessionEnded // the runner says killed: the session is why
-		}
-		j.end(at, reason, e.ExitCode)
-		return s.finishLocked(ctx, l)
-	}
-	if err := s.jobs.PutJob(ctx, j); err != nil {
-		return err
-	}
-	l.wake()
-	return nil
+	return s.jobs.event(ctx, e)
 }
 
 // ConfirmStart reports whether the job is queued here and not yet taken: a runner asks before it
 // starts work whose NotAfter passed, since the coordinator may have refused that start.
 func (s *Service) ConfirmStart(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.live[id]
-	return ok && l.job.Status == StatusQueued
+	return s.jobs.queued(id)
 }
 
-// finishLocked stores an ended job's notifications, writes its footer and record and wakes its
-// waiters. s.mu is held.
-//
-// The finished notification is decided here, in the same step as the end: if a caller is waiting
-// for the end right now, it sees the end and no notification is stored (the job is marked
-// observed); otherwise the notification is stored before the job is, and before the event is acked.
-// Pending output notifications go first. A job whose session ended notifies nothing.
-func (s *Service) finishLocked(ctx context.Context, l *liveJob) error {
-	j := l.job
-	if j.OutputBytes < l.size {
-		j.OutputBytes = l.size
-	}
-	j.Ports = nil // nothing of the job listens any more
-	if !l.quiet {
-		var notes []note
-		if l.watch != nil {
-			l.watch.end(s.cfg.Now())
-			notes = l.watch.take()
-		}
-		if l.observers > 0 || l.ownerKill {
-			j.Observed = true
-		} else if !l.endNotified() {
-			notes = append(notes, finishedNote(j))
-		}
-		if err := s.addNotesLocked(ctx, l, notes); err != nil {
-			return err
-		}
-	}
-	if j.StartedAt == nil {
-		if err := s.out.Begin(j); err != nil {
-			return err
-		}
-	}
-	if err := s.out.End(j); err != nil {
-		return err
-	}
-	l.clock.exitStored = l.clock.since(time.Now())
-	l.retimeLocked()
-	if err := s.jobs.PutJob(ctx, j); err != nil {
-		return err
-	}
-	delete(s.live, j.ID)
-	s.stats.JobsEnded[j.Status]++
-	s.outputTotal += j.OutputBytes
-	s.liveOutput -= l.size
-	l.wake()
-	return nil
-}
-
-// stopStrayLocked asks a runner, in the background, to kill a job the coordinator already considers
-// ended (or a monitor it stopped, one fenced: fence.go, one past the output budget). A job with a request in flight gets no
-// second one. Run waits for these requests when it returns. s.mu is held.
-func (s *Service) stopStrayLocked(runner, id string) {
-	if s.stopping[id] {
-		return
-	}
-	s.stopping[id] = true
-	s.strays.Add(1)
-	go func() {
-		defer s.strays.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		reply, err := s.disp.Control(ctx, runner, &Control{Op: proto.OpKill, JobID: id})
-		s.mu.Lock()
-		delete(s.stopping, id)
-		s.mu.Unlock()
-		switch {
-		case err != nil:
-			s.cfg.Logger.Warn("stop stray job", "job", id, "runner", runner, "err", err)
-		case reply.Code == proto.ReplyOK:
-			s.cfg.Logger.Info("stopped stray job", "job", id, "runner", runner)
-		}
-	}()
+// HandleChunk writes a piece of output into the job's terminal file. It returns only after the bytes
+// are written. A chunk whose claim or runner (c.Runner, the subject's) is not its job's is ErrForged.
+func (s *Service) HandleChunk(ctx context.Context, c *Chunk) error {
+	return s.jobs.chunk(ctx, c)
 }
 
 // ErrNotReady is returned for an event that cannot be applied yet (output before the start, an exit
 // before all its output); the event is retried shortly.
 var ErrNotReady = errors.New("coordinator: event not applicable yet")
 
-// missingOutputGrace is how long an exit event waits for output chunks that have not arrived.
-const missingOutputGrace = 30 * time.Second
-
-// HandleChunk writes a piece of output into the job's terminal file. It returns only after the bytes
-// are written. A chunk whose claim or runner (c.Runner, the subject's) is not its job's is ErrForged.
-func (s *Service) HandleChunk(ctx context.Context, c *Chunk) error {
-	s.mu.Lock()
-	l, ok := s.live[c.JobID]
-	if ok && l.job.StartedAt == nil {
-		s.mu.Unlock()
-		return ErrNotReady
-	}
-	if ok {
-		if err := s.checkOwnerLocked(l.job, ForgedOutput, c.Runner, c.Claim); err != nil {
-			s.mu.Unlock()
-			return err
-		}
-	}
-	s.mu.Unlock()
-	if !ok {
-		// A redelivered chunk of an ended job is still written when it lies inside the output, and
-		// comes from the runner that ran the job.
-		j, err := s.jobs.Job(ctx, c.JobID)
-		if err != nil || c.Offset+int64(len(c.Data)) > j.OutputBytes {
-			return nil
-		}
-		if j.Claim != "" && (c.Claim != j.Claim || c.Runner != j.Runner) {
-			return s.Forged(ForgedOutput, fmt.Sprintf("job %s ended: runner %s sent output that is not its own", j.ID, c.Runner))
-		}
-		return s.out.Write(c.JobID, c.Offset, c.Data)
-	}
-	if err := s.out.Write(c.JobID, c.Offset, c.Data); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stats.OutputBytes += int64(len(c.Data))
-	old, end := l.size, c.Offset+int64(len(c.Data))
-	if c.Stderr && l.watch != nil && end > l.size {
-		l.errSpans = append(l.errSpans, span{c.Offset, end})
-	}
-	if l.wrote(c.Offset, end) {
-		if old == 0 {
-			l.clock.firstOutput = l.clock.since(time.Now())
-			l.retimeLocked()
-		}
-		s.liveOutput += l.size - old
-		if s.outputTotal+s.liveOutput > s.cfg.OutputBudget && !l.budgetCut && l.job.Runner != "" {
-			// The job that writes past the budget is stopped; quiet jobs go on.
-			l.budgetCut = true
-			s.cfg.Logger.Warn("output budget reached: stopping the job writing", "job", l.job.ID, "budget", s.cfg.OutputBudget)
-			s.stopStrayLocked(l.job.Runner, l.job.ID)
-		}
-		l.lastGrowth, l.stallChecked = s.cfg.Now(), false
-		if err := s.watchOutputLocked(ctx, l, old, c); err != nil {
-			return err
-		}
-		l.wake()
-	}
-	return nil
-}
-
-// watchOutputLocked hands the body's newly contiguous bytes [old, l.size) to the job's watch and
-// stores what it notifies. The chunk's own bytes are used when they are exactly the new part;
-// otherwise (the chunk closed a gap) the new part is read back from the file. s.mu is held.
-func (s *Service) watchOutputLocked(ctx context.Context, l *liveJob, old int64, c *Chunk) error {
-	if l.watch == nil || l.quiet {
-		return nil
-	}
-	data := c.Data
-	if c.Offset != old || c.Offset+int64(len(c.Data)) != l.size {
-		rc, err := s.out.Open(l.job.ID, old, l.size-old)
-		if err != nil {
-			return err
-		}
-		data, err = io.ReadAll(rc)
-		rc.Close()
-		if err != nil {
-			return err
-		}
-	}
-	l.feedWatch(data, old, s.cfg.Now())
-	if err := s.addNotesLocked(ctx, l, l.watch.take()); err != nil {
-		return err
-	}
-	if l.watch.monStopped && !l.watch.monKillAsked && l.job.Runner != "" {
-		l.watch.monKillAsked = true
-		s.stopStrayLocked(l.job.Runner, l.job.ID)
-	}
-	return nil
-}
-
 // Run does the coordinator's periodic work until ctx ends: it rewrites running jobs' headers and
 // marks the jobs of silent runners lost.
 func (s *Service) Run(ctx context.Context) {
-	defer s.strays.Wait()
+	defer s.fleet.wait()
 	header := time.NewTicker(s.cfg.HeaderInterval)
 	defer header.Stop()
 	check := time.NewTicker(s.cfg.CheckInterval)
@@ -1132,116 +480,20 @@ func (s *Service) Run(ctx context.Context) {
 	defer notify.Stop()
 	retain := time.NewTicker(s.cfg.RetentionInterval)
 	defer retain.Stop()
-	s.retain(ctx)
+	s.budget.retain(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-header.C:
-			s.touchHeaders()
+			s.jobs.touchHeaders()
 		case <-check.C:
-			s.markLost(ctx)
+			s.jobs.markLost(ctx)
 		case <-retain.C:
-			s.retain(ctx)
+			s.budget.retain(ctx)
 		case <-notify.C:
-			s.checkNotes(ctx)
+			s.jobs.checkNotes(ctx)
 			s.endExpired(ctx)
-		}
-	}
-}
-
-func (s *Service) touchHeaders() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.cfg.Now()
-	for _, l := range s.live {
-		if l.job.Status == StatusRunning {
-			if err := s.out.Touch(l.job, now.Sub(*l.job.StartedAt)); err != nil {
-				s.cfg.Logger.Warn("rewrite header", "job", l.job.ID, "err", err)
-			}
-		}
-	}
-}
-
-// linkChecker is implemented by a Dispatcher that can tell whether the coordinator reaches the
-// runners' bus right now (a round trip to NATS).
-type linkChecker interface {
-	CheckLink(ctx context.Context) error
-}
-
-// linkCheckTimeout bounds one check of the coordinator's own link.
-const linkCheckTimeout = 2 * time.Second
-
-// checkLink checks the coordinator's own link to the runners, when the dispatcher can, and reports
-// since when it has been up without a break (s.start when it cannot tell), or false while it is
-// down. Silence heard through a broken link says nothing of the runners: deadlines count from
-// when the link is back.
-func (s *Service) checkLink(ctx context.Context) (time.Time, bool) {
-	lc, ok := s.disp.(linkChecker)
-	if !ok {
-		return s.start, true
-	}
-	cctx, cancel := context.WithTimeout(ctx, linkCheckTimeout)
-	err := lc.CheckLink(cctx)
-	cancel()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		if !s.linkUp.IsZero() {
-			s.cfg.Logger.Warn("the coordinator cannot reach NATS: no job is marked lost until it can", "err", err)
-		}
-		s.linkUp = time.Time{}
-		return time.Time{}, false
-	}
-	if s.linkUp.IsZero() {
-		s.linkUp = s.cfg.Now()
-	}
-	return s.linkUp, true
-}
-
-// markLost ends, as lost, the jobs of runners that went silent or restarted and the jobs taken but
-// never started. Silence counts only while the coordinator's own link was up (checkLink).
-func (s *Service) markLost(ctx context.Context) {
-	linkUp, ok := s.checkLink(ctx)
-	if !ok {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.cfg.Now()
-	heard := func(at time.Time) time.Time {
-		if at.Before(linkUp) {
-			return linkUp
-		}
-		return at
-	}
-	for id, r := range s.runners {
-		if now.Sub(heard(r.LastSeen)) > s.cfg.RunnerDeadline {
-			s.cfg.Logger.Warn("runner gone", "runner", id, "last_seen", r.LastSeen)
-			delete(s.runners, id)
-		}
-	}
-	for _, l := range s.live {
-		j := l.job
-		if j.Runner == "" {
-			continue
-		}
-		r, known := s.runners[j.Runner]
-		var why string
-		switch {
-		case !known && now.Sub(heard(s.start)) > s.cfg.RunnerDeadline:
-			why = "its runner " + j.Runner + " stopped sending heartbeats"
-		case known && j.AcceptedAt != nil && j.AcceptedAt.Before(r.Boot):
-			why = "its runner " + j.Runner + " restarted"
-		case j.StartedAt == nil && j.AcceptedAt != nil && now.Sub(heard(*j.AcceptedAt)) > s.cfg.StartDeadline:
-			why = "it was taken by runner " + j.Runner + " but never started"
-		default:
-			continue
-		}
-		j.Error = "Lost: " + why + "."
-		j.end(now, proto.ReasonLost, nil)
-		if err := s.finishLocked(ctx, l); err != nil {
-			s.cfg.Logger.Error("mark job lost", "job", j.ID, "err", err)
 		}
 	}
 }

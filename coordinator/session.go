@@ -55,26 +55,6 @@ func CheckSession(what, id string) error {
 
 func validSession(id string) error { return CheckSession("session", id) }
 
-// sessionLocked returns the session id, creating (and storing) it when new and reopening it when it
-// had ended. s.mu is held.
-func (s *Service) sessionLocked(ctx context.Context, id string) (*Session, error) {
-	st, ok := s.sessions[id]
-	if ok && st.EndedAt == nil {
-		return st, nil
-	}
-	if !ok {
-		st = &Session{ID: id, CreatedAt: s.cfg.Now()}
-	} else {
-		st = st.copy()
-		st.EndedAt = nil
-	}
-	if err := s.jobs.PutSession(ctx, st); err != nil {
-		return nil, err
-	}
-	s.sessions[id] = st
-	return st, nil
-}
-
 // OpenSession creates a session, or reopens or updates one, with a lease (0: none). A session with a
 // lease ends when it is not renewed within the lease. Its notification format stays as it was.
 func (s *Service) OpenSession(ctx context.Context, id string, lease time.Duration) (*Session, error) {
@@ -93,99 +73,32 @@ func (s *Service) OpenSessionWith(ctx context.Context, id string, lease time.Dur
 	if lease != 0 && (lease < MinLease || lease > MaxLease) {
 		return nil, Errorf(EINVALID, "lease_ms must be 0 (no lease) or between %d and %d.", MinLease.Milliseconds(), MaxLease.Milliseconds())
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st, err := s.sessionLocked(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	st = st.copy()
-	st.LeaseMS = lease.Milliseconds()
-	if format != "" {
-		st.Format = format
-	}
-	st.ExpiresAt = nil
-	if lease > 0 {
-		at := s.cfg.Now().Add(lease)
-		st.ExpiresAt = &at
-	}
-	if err := s.jobs.PutSession(ctx, st); err != nil {
-		return nil, err
-	}
-	s.sessions[id] = st
-	return st.copy(), nil
+	return s.sessions.openWith(ctx, id, lease, format)
 }
 
 // Session returns a session.
 func (s *Service) Session(_ context.Context, id string) (*Session, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st, ok := s.sessions[id]
-	if !ok {
-		return nil, Errorf(ENOTFOUND, "Session %q does not exist.", id)
-	}
-	return st.copy(), nil
+	return s.sessions.get(id)
 }
 
 // RenewSession extends a session's lease by its length from now.
 func (s *Service) RenewSession(ctx context.Context, id string) (*Session, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st, ok := s.sessions[id]
-	if !ok {
-		return nil, Errorf(ENOTFOUND, "Session %q does not exist.", id)
-	}
-	if st.EndedAt != nil {
-		return nil, Errorf(ECONFLICT, "Session %q has ended.", id)
-	}
-	if st.LeaseMS > 0 {
-		st = st.copy()
-		at := s.cfg.Now().Add(time.Duration(st.LeaseMS) * time.Millisecond)
-		st.ExpiresAt = &at
-		if err := s.jobs.PutSession(ctx, st); err != nil {
-			return nil, err
-		}
-		s.sessions[id] = st
-	}
-	return st.copy(), nil
+	return s.sessions.renew(ctx, id)
 }
 
 // TouchSession renews the lease of a session a call carried, if it has one. The renewal is kept in
 // memory; after a restart a lease runs at least its length again.
 func (s *Service) TouchSession(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if st, ok := s.sessions[id]; ok && st.EndedAt == nil && st.LeaseMS > 0 {
-		at := s.cfg.Now().Add(time.Duration(st.LeaseMS) * time.Millisecond)
-		st.ExpiresAt = &at
-	}
+	s.sessions.touch(id)
 }
 
 // EndSession ends a session: its queued jobs are withdrawn and its running jobs stopped, all ending
 // aborted with reason session_ended and sending no notification. It returns the ids of those jobs.
 func (s *Service) EndSession(ctx context.Context, id string) ([]string, error) {
-	s.mu.Lock()
-	st, ok := s.sessions[id]
-	if !ok {
-		s.mu.Unlock()
-		return nil, Errorf(ENOTFOUND, "Session %q does not exist.", id)
-	}
-	st = st.copy()
-	now := s.cfg.Now()
-	st.EndedAt, st.ExpiresAt = &now, nil
-	if err := s.jobs.PutSession(ctx, st); err != nil {
-		s.mu.Unlock()
+	ids, err := s.jobs.endSession(ctx, id)
+	if err != nil {
 		return nil, err
 	}
-	s.sessions[id] = st
-	ids := []string{}
-	for jid, l := range s.live {
-		if l.job.Session == id {
-			l.sessionEnded, l.quiet = true, true
-			ids = append(ids, jid)
-		}
-	}
-	s.mu.Unlock()
 
 	var (
 		wg   sync.WaitGroup
@@ -208,15 +121,7 @@ func (s *Service) EndSession(ctx context.Context, id string) ([]string, error) {
 
 // endExpired ends the sessions whose lease ran out.
 func (s *Service) endExpired(ctx context.Context) {
-	s.mu.Lock()
-	now := s.cfg.Now()
-	var expired []string
-	for id, st := range s.sessions {
-		if st.EndedAt == nil && st.ExpiresAt != nil && !now.Before(*st.ExpiresAt) {
-			expired = append(expired, id)
-		}
-	}
-	s.mu.Unlock()
+	expired := s.sessions.expired(s.cfg.Now())
 	for _, id := range expired {
 		s.cfg.Logger.Info("session lease expired", "session", id)
 		if _, err := s.EndSession(ctx, id); err != nil {
@@ -228,24 +133,7 @@ func (s *Service) endExpired(ctx context.Context) {
 // Ack records that the session's notifications up to seq were delivered. The cursor never moves
 // back; a seq beyond the last notification is an error.
 func (s *Service) Ack(ctx context.Context, id string, seq uint64) (*Session, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st, ok := s.sessions[id]
-	if !ok {
-		return nil, Errorf(ENOTFOUND, "Session %q does not exist.", id)
-	}
-	if seq > st.LastSeq {
-		return nil, Errorf(EINVALID, "seq %d is beyond the last notification of session %q (%d).", seq, id, st.LastSeq)
-	}
-	if seq > st.Acked {
-		st = st.copy()
-		st.Acked = seq
-		if err := s.jobs.PutSession(ctx, st); err != nil {
-			return nil, err
-		}
-		s.sessions[id] = st
-	}
-	return st.copy(), nil
+	return s.sessions.ack(ctx, id, seq)
 }
 
 // NotificationQuery selects a session's notifications.
@@ -286,21 +174,15 @@ func (s *Service) Notifications(ctx context.Context, q NotificationQuery) ([]*No
 		timeout = t.C
 	}
 	for {
-		s.mu.Lock()
-		var last, after uint64
-		if st, ok := s.sessions[q.Session]; ok {
-			last, after = st.LastSeq, st.Acked
-		}
+		last, after, changed := s.sessions.cursor(q.Session)
 		if q.After != nil {
 			after = *q.After
 		}
-		changed := s.notesChanged
-		s.mu.Unlock()
 		if after > last {
 			return nil, 0, Errorf(EINVALID, "after %d is beyond the last notification of session %q (%d).", after, q.Session, last)
 		}
 		if last > after {
-			notes, err := s.jobs.Notifications(ctx, q.Session, after, q.Limit)
+			notes, err := s.store.Notifications(ctx, q.Session, after, q.Limit)
 			if err != nil {
 				return nil, 0, err
 			}

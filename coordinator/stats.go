@@ -33,21 +33,10 @@ var ForgedKinds = []string{ForgedState, ForgedOutput, ForgedHeartbeat}
 
 // Stats returns a copy of the counters.
 func (s *Service) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.stats
-	st.JobsEnded = make(map[Status]int64, len(s.stats.JobsEnded))
-	for k, v := range s.stats.JobsEnded {
-		st.JobsEnded[k] = v
-	}
-	st.Forged = make(map[string]int64, len(s.stats.Forged))
-	for k, v := range s.stats.Forged {
-		st.Forged[k] = v
-	}
-	st.JobsLive = len(s.live)
-	st.OutputStored = s.outputTotal
-	st.Runners = len(s.runners)
+	var st Stats
+	s.jobs.fillStats(&st)
+	st.OutputStored, st.OutputLive, st.JobsRemoved, st.NotificationsRemoved = s.budget.counts()
+	st.Runners = s.fleet.count()
 	st.ScannedBytes = s.scannedBytes.Load()
-	st.OutputLive = s.liveOutput
 	return st
 }

@@ -37,16 +37,7 @@ func (s *Service) Resize(ctx context.Context, id string, size TTYSize) error {
 	default:
 		return Errorf(EINTERNAL, "Runner %s refused: %s.", runner, reply.Message)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if l, ok := s.live[id]; ok {
-		l.job.TTYSize = &size
-		if err := s.jobs.PutJob(ctx, l.job); err != nil {
-			return err
-		}
-		l.wake()
-	}
-	return nil
+	return s.jobs.resized(ctx, id, size)
 }
 
 // screenText is what a job's output bytes read as: a tty job's without its terminal escape

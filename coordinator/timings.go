@@ -104,7 +104,7 @@ func (c *clock) timings() Timings {
 	return t
 }
 
-// retimeLocked updates the job's Timings from its clock; s.mu is held. A job loaded from the store
+// retimeLocked updates the job's Timings from its clock; lc.mu (lifecycle) is held. A job loaded from the store
 // keeps what was stored.
 func (l *liveJob) retimeLocked() {
 	if !l.clock.accepted.IsZero() {
