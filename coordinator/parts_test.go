@@ -4,11 +4,7 @@ import (
 	"fmt"
 	"go/ast"
 	"go/build"
-	"go/importer"
-	"go/parser"
-	"go/token"
 	"go/types"
-	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -74,27 +70,8 @@ type retention struct{}
 // "part.method → other.name".
 func backwardCalls(t *testing.T, path, dir string, files []string, sources map[string]string) []string {
 	t.Helper()
-	fset := token.NewFileSet()
-	var parsed []*ast.File
-	for _, name := range files {
-		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		parsed = append(parsed, f)
-	}
-	for name, src := range sources {
-		f, err := parser.ParseFile(fset, filepath.Join(dir, name), src, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		parsed = append(parsed, f)
-	}
 	info := &types.Info{Selections: map[*ast.SelectorExpr]*types.Selection{}, Defs: map[*ast.Ident]types.Object{}}
-	conf := types.Config{Importer: importer.ForCompiler(fset, "source", nil)}
-	if _, err := conf.Check(path, fset, parsed, info); err != nil {
-		t.Fatal(err)
-	}
+	_, parsed := typeCheck(t, path, dir, files, sources, info)
 	var found []string
 	for _, f := range parsed {
 		for _, d := range f.Decls {

@@ -24,7 +24,7 @@ func TestAPINamesNoWireType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pkg := typeCheck(t, "github.com/sbx-dev/sbx/coordinator", bp.Dir, bp.GoFiles, nil)
+	pkg, _ := typeCheck(t, "github.com/sbx-dev/sbx/coordinator", bp.Dir, bp.GoFiles, nil, nil)
 	for _, found := range wireTypesIn(pkg) {
 		t.Errorf("the domain's API mentions a proto type: %s", found)
 	}
@@ -64,7 +64,7 @@ func Size() hidden { return hidden{} }
 func Bound() int { return proto.MaxCommandBytes } // a constant used inside: allowed
 `
 	// In this directory, so that proto is imported from this module.
-	pkg := typeCheck(t, "x", ".", nil, map[string]string{"x.go": src})
+	pkg, _ := typeCheck(t, "x", ".", nil, map[string]string{"x.go": src}, nil)
 	got := wireTypesIn(pkg)
 	want := []string{"Dispatcher", "Job.Ports", "Limits", "Service.HandleEvent", "Size"}
 	if !slices.Equal(got, want) {
@@ -73,8 +73,8 @@ func Bound() int { return proto.MaxCommandBytes } // a constant used inside: all
 }
 
 // typeCheck type-checks a package of files (under dir) or of sources (name → text), importing
-// from source.
-func typeCheck(t *testing.T, path, dir string, files []string, sources map[string]string) *types.Package {
+// from source; it fills info when given, and returns the files parsed too.
+func typeCheck(t *testing.T, path, dir string, files []string, sources map[string]string, info *types.Info) (*types.Package, []*ast.File) {
 	t.Helper()
 	fset := token.NewFileSet()
 	var parsed []*ast.File
@@ -93,11 +93,11 @@ func typeCheck(t *testing.T, path, dir string, files []string, sources map[strin
 		parsed = append(parsed, f)
 	}
 	conf := types.Config{Importer: importer.ForCompiler(fset, "source", nil)}
-	pkg, err := conf.Check(path, fset, parsed, nil)
+	pkg, err := conf.Check(path, fset, parsed, info)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return pkg
+	return pkg, parsed
 }
 
 // wireTypesIn lists, sorted, the exported identifiers of pkg (Type.Member for a field or method)
