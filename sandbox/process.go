@@ -265,7 +265,8 @@ func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) e
 	}
 	startErr <- nil
 
-	ws, ok := p.follow(bufio.NewReader(status))
+	// The reports are short lines: a small buffer, held for the job's life, is enough.
+	ws, ok := p.follow(bufio.NewReaderSize(status, 128))
 	status.Close()
 	p.mu.Lock()
 	p.exited = true
