@@ -220,6 +220,8 @@ type Runner struct {
 	// once it fired. It is nil outside Run, and while a fence that fired could not be replaced.
 	fenceAfter time.Duration
 	guard      atomic.Pointer[sandbox.Fence]
+	// listen tells the activity watchers whether the runner's listening sockets changed.
+	listen listenGate
 
 	mu   sync.Mutex
 	jobs map[string]*job
