@@ -190,8 +190,10 @@ func (c *Config) setDefaults() error {
 // DefaultSlots is a runner's default number of slots.
 const DefaultSlots = 256
 
-// MaxSlots bounds Config.Slots: each running job holds an OS thread and a few file descriptors.
-const MaxSlots = 4096
+// MaxSlots bounds Config.Slots, as many as a heartbeat can list (proto.MaxHeartbeatJobs). A
+// running job holds two file descriptors (its output and the init step's status pipe), two
+// processes (the init step and the job) and a few goroutines (docs/limits.md, "A runner's slots").
+const MaxSlots = proto.MaxHeartbeatJobs
 
 // Runner runs jobs from one pool.
 type Runner struct {

@@ -27,9 +27,9 @@ import (
 // and its CPU (% of one CPU) over an idle window of 10 s at 0 and at N jobs: the 0-job figures are the
 // baseline of the same run. It measures once, whatever b.N (make bench runs it with -benchtime 1x).
 //
-// The test process raises its RLIMIT_NOFILE to fs.nr_open (inherited by the runner: a job holds a few
-// descriptors) and kernel.pid_max when N jobs (an init step and a sleep each, and before the per-job
-// threads went, one OS thread each) would not fit under it.
+// The test process raises its RLIMIT_NOFILE to fs.nr_open (inherited by the runner: a job holds two
+// descriptors there), where it may, and kernel.pid_max when N jobs (an init step and a sleep each)
+// would not fit under it.
 func BenchmarkSleepingJobs(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("a runner runs jobs in cgroups: needs root")
@@ -210,9 +210,8 @@ func raiseLimits(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// An init step and a sleep per job, an OS thread per job (before the per-job threads went), and
-	// room for the rest of the machine.
-	if need := 3*n + 8192; pidMax < need {
+	// An init step and a sleep per job, and room for the runner's threads and the rest of the machine.
+	if need := 2*n + 8192; pidMax < need {
 		if err := os.WriteFile("/proc/sys/kernel/pid_max", []byte(strconv.Itoa(need)), 0); err != nil {
 			b.Fatalf("raise kernel.pid_max from %d to %d: %v", pidMax, need, err)
 		}
