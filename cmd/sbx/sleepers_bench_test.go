@@ -23,7 +23,8 @@ import (
 // BenchmarkSleepingJobs measures what a sleeping job costs: `sbx coordinator` and `sbx runner --slots
 // N`, each a process of its own over one NATS server (in this process), first with no job, then with N
 // `sleep 3600` jobs all running (SBX_BENCH_SLEEPERS, 10000 by default). It reports each process's
-// resident memory per job (the difference of VmRSS over N, in KiB), its OS threads at 0 and at N jobs,
+// resident memory per job (the difference of VmRSS over N, in KiB), the runner's descriptors per job,
+// its OS threads at 0 and at N jobs,
 // and its CPU (% of one CPU) over an idle window of 10 s at 0 and at N jobs: the 0-job figures are the
 // baseline of the same run. It measures once, whatever b.N (make bench runs it with -benchtime 1x).
 //
@@ -70,6 +71,7 @@ func BenchmarkSleepingJobs(b *testing.B) {
 	runnerCPU0, coordCPU0 := idle()
 	runnerRSS0, coordRSS0 := procStatus(b, run, "VmRSS"), procStatus(b, coord, "VmRSS")
 	runnerThreads0, coordThreads0 := procStatus(b, run, "Threads"), procStatus(b, coord, "Threads")
+	runnerFDs0 := procFDs(b, run)
 
 	ctx := b.Context()
 	b.ResetTimer()
@@ -112,6 +114,7 @@ func BenchmarkSleepingJobs(b *testing.B) {
 	runnerCPU, coordCPU := idle()
 	runnerRSS, coordRSS := procStatus(b, run, "VmRSS"), procStatus(b, coord, "VmRSS")
 	runnerThreads, coordThreads := procStatus(b, run, "Threads"), procStatus(b, coord, "Threads")
+	runnerFDs := procFDs(b, run)
 
 	b.ReportMetric(float64(n), "jobs")
 	b.ReportMetric(started.Seconds(), "start-all-s")
@@ -119,6 +122,7 @@ func BenchmarkSleepingJobs(b *testing.B) {
 	b.ReportMetric(float64(coordRSS-coordRSS0)/float64(n), "coordinator-KiB/job")
 	b.ReportMetric(float64(runnerRSS0), "runner-idle-KiB")
 	b.ReportMetric(float64(coordRSS0), "coordinator-idle-KiB")
+	b.ReportMetric(float64(runnerFDs-runnerFDs0)/float64(n), "runner-fds/job")
 	b.ReportMetric(float64(runnerThreads0), "runner-threads-0")
 	b.ReportMetric(float64(runnerThreads), "runner-threads")
 	b.ReportMetric(float64(coordThreads0), "coordinator-threads-0")
@@ -271,6 +275,15 @@ func procStatus(b *testing.B, pid int, field string) int64 {
 	}
 	b.Fatalf("/proc/%d/status has no %s", pid, field)
 	return 0
+}
+
+// procFDs counts the process's open descriptors.
+func procFDs(b *testing.B, pid int) int {
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return len(entries)
 }
 
 // procCPU is the CPU time the process has used (utime+stime of /proc/PID/stat), in USER_HZ ticks
