@@ -187,6 +187,10 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
+// maxPending bounds the jobs a runner has taken and not started yet (Runner.pending): twice what a
+// sandbox.Manager starts at once.
+const maxPending = 32
+
 // DefaultSlots is a runner's default number of slots.
 const DefaultSlots = 256
 
@@ -213,7 +217,12 @@ type Runner struct {
 	readonly readonlyVerdict
 
 	slots chan struct{} // one token per running (or being started) job, or per take loop pulling
-	wg    sync.WaitGroup
+	// pending holds one token per job taken and not started yet, or per take loop pulling: a runner
+	// with thousands of free slots took thousands of jobs at once and started them at the pace its
+	// machine could, and those it had not started within the coordinator's start deadline (60 s)
+	// were lost (BenchmarkSleepingJobs with 3,000 jobs). Work it does not take yet stays queued.
+	pending chan struct{}
+	wg      sync.WaitGroup
 	// draining is set once Run's context ended with a DrainTimeout: heartbeats say so.
 	draining atomic.Bool
 	// fenceAfter is how long the jobs may go on without a heartbeat that NATS confirmed
@@ -259,7 +268,7 @@ func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 	}
 	return &Runner{
 		cfg: cfg, nc: nc, beats: beats, js: js, work: work, mgr: mgr, boot: time.Now(), fenceAfter: proto.RunnerFenceAfter(cfg.Deadline),
-		slots: make(chan struct{}, cfg.Slots), jobs: map[string]*job{},
+		slots: make(chan struct{}, cfg.Slots), pending: make(chan struct{}, maxPending), jobs: map[string]*job{},
 	}, nil
 }
 
@@ -437,10 +446,17 @@ func (r *Runner) take(ctx, jobCtx context.Context, cons jetstream.Consumer) {
 		case <-ctx.Done():
 			return
 		}
+		// Keep a place among the jobs taken and not started yet, until this one has started.
+		select {
+		case r.pending <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
 		fetchCtx, cancel := context.WithTimeout(ctx, pullExpiry)
 		msg, err := cons.Next(jetstream.FetchContext(fetchCtx))
 		cancel()
 		if err != nil {
+			<-r.pending
 			if ctx.Err() != nil {
 				return
 			}
@@ -458,6 +474,7 @@ func (r *Runner) take(ctx, jobCtx context.Context, cons jetstream.Consumer) {
 		case r.slots <- struct{}{}:
 		default:
 			// Every slot went to the other loop while this one pulled.
+			<-r.pending
 			if err := msg.Nak(); err != nil {
 				r.cfg.Logger.Warn("hand back work", "err", err)
 			}
@@ -467,7 +484,7 @@ func (r *Runner) take(ctx, jobCtx context.Context, cons jetstream.Consumer) {
 		go func() {
 			defer r.wg.Done()
 			defer func() { <-r.slots }()
-			r.run(jobCtx, msg)
+			r.run(jobCtx, msg, func() { <-r.pending })
 		}()
 	}
 }
