@@ -32,10 +32,12 @@ test-v2: deps
 		.ci/cgroup2-guest; fi
 
 # bench prints each figure beside its baseline, measured in the same run: run-to-exit against a bare
-# `sh -c true`, readonly against a bare bwrap with the same arguments, and output throughput.
+# `sh -c true`, readonly against a bare bwrap with the same arguments, and output throughput; the cost
+# of sleeping jobs (SBX_BENCH_SLEEPERS, 10000) against the same processes with none.
 bench: deps
 	$(GO) test -run '^$$' -bench 'RunToExit|ExitToNotification|JobsPerSecond' -benchtime 300x -timeout 20m ./cmd/sbx/
 	$(GO) test -run '^$$' -bench OutputThroughput -benchtime 3x -timeout 20m ./cmd/sbx/
+	$(GO) test -run '^$$' -bench SleepingJobs -benchtime 1x -timeout 30m ./cmd/sbx/
 	$(GO) test -run '^$$' -bench . -benchtime 200x -timeout 20m ./sandbox/
 
 # images builds the fleet's images without a registry (deploy/images.sh: base images only when absent).

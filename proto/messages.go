@@ -683,8 +683,9 @@ func DecodeHeartbeat(data []byte) (*Heartbeat, error) {
 	return &h, nil
 }
 
-// MaxHeartbeatJobs bounds Heartbeat.Jobs: a runner has at most 4096 slots.
-const MaxHeartbeatJobs = 4096
+// MaxHeartbeatJobs bounds Heartbeat.Jobs: a runner has at most this many slots. 16384 ids of 13
+// characters are about 270 KB of JSON, within MaxMessageBytes.
+const MaxHeartbeatJobs = 16384
 
 // DefaultRunnerDeadline is how long a runner may go unheard before the coordinator marks its jobs
 // lost (sbx's --runner-deadline, the same on both sides). A runner derives its heartbeat interval

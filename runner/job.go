@@ -74,8 +74,11 @@ func (j *job) signal(sig syscall.Signal) error {
 }
 
 // run takes one work message: it announces the job, acks the message (a command starts at most once),
-// starts the process, streams its output and reports its end.
-func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
+// starts the process, streams its output and reports its end. It calls startOver once the start is
+// over, whether it ran the command or not.
+func (r *Runner) run(ctx context.Context, msg jetstream.Msg, startOver func()) {
+	startOver = sync.OnceFunc(startOver)
+	defer startOver()
 	taken := sandbox.Monotonic()
 	w, err := proto.DecodeWork(msg.Data())
 	if err != nil {
@@ -124,6 +127,7 @@ func (r *Runner) run(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	proc, err := r.start(w)
+	startOver()
 	if err != nil {
 		log.Warn("start job", "err", err)
 		r.publishEnd(ctx, final, &proto.Event{Kind: proto.EventExited, JobID: j.id, Claim: j.claim, Reason: proto.ReasonStartFailed, Error: err.Error(), Stages: j.stages(sandbox.Stages{})})

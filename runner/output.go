@@ -85,13 +85,27 @@ type piece struct {
 	stderr bool
 }
 
+// waitBytes is the buffer a job's reader waits with: most running jobs are silent most of the time,
+// and a 64 KiB buffer each was most of what a sleeping job cost the runner (BenchmarkSleepingJobs).
+// Once bytes arrive, a chunk's buffer is borrowed from chunkBufs to gather the rest.
+const waitBytes = 512
+
+// chunkBufs holds the buffers of proto.MaxChunkBytes that readers gather into.
+var chunkBufs = sync.Pool{New: func() any { b := make([]byte, proto.MaxChunkBytes); return &b }}
+
 // readAll reads out to EOF, handing each read's bytes (gathered for up to Coalesce) to pieces.
 func (r *Runner) readAll(out io.Reader, stderr bool, pieces chan<- piece, log *slog.Logger) {
-	buf := make([]byte, proto.MaxChunkBytes)
+	first := make([]byte, waitBytes)
 	for {
-		n, err := r.read(out, buf)
+		n, err := out.Read(first)
 		if n > 0 {
-			pieces <- piece{data: append([]byte(nil), buf[:n]...), stderr: stderr}
+			buf := chunkBufs.Get().(*[]byte)
+			copy(*buf, first[:n])
+			if err == nil {
+				n, err = r.gather(out, *buf, n)
+			}
+			pieces <- piece{data: append([]byte(nil), (*buf)[:n]...), stderr: stderr}
+			chunkBufs.Put(buf)
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
@@ -102,12 +116,12 @@ func (r *Runner) readAll(out io.Reader, stderr bool, pieces chan<- piece, log *s
 	}
 }
 
-// read reads at least one byte and then, for up to Coalesce, whatever else arrives, up to len(buf).
-func (r *Runner) read(out io.Reader, buf []byte) (int, error) {
-	n, err := out.Read(buf)
+// gather reads, for up to Coalesce, whatever else arrives after the n bytes buf holds, up to
+// len(buf), and returns how many it holds then.
+func (r *Runner) gather(out io.Reader, buf []byte, n int) (int, error) {
 	dl, ok := out.(deadliner)
-	if err != nil || !ok || n == len(buf) {
-		return n, err
+	if !ok || n == len(buf) {
+		return n, nil
 	}
 	if dl.SetReadDeadline(time.Now().Add(r.cfg.Coalesce)) != nil {
 		return n, nil

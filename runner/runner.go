@@ -187,11 +187,17 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
+// maxPending bounds the jobs a runner has taken and not started yet (Runner.pending): twice what a
+// sandbox.Manager starts at once.
+const maxPending = 32
+
 // DefaultSlots is a runner's default number of slots.
 const DefaultSlots = 256
 
-// MaxSlots bounds Config.Slots: each running job holds an OS thread and a few file descriptors.
-const MaxSlots = 4096
+// MaxSlots bounds Config.Slots, as many as a heartbeat can list (proto.MaxHeartbeatJobs). A
+// running job holds two file descriptors (its output and the init step's status pipe), two
+// processes (the init step and the job) and a few goroutines (docs/limits.md, "A runner's slots").
+const MaxSlots = proto.MaxHeartbeatJobs
 
 // Runner runs jobs from one pool.
 type Runner struct {
@@ -211,7 +217,12 @@ type Runner struct {
 	readonly readonlyVerdict
 
 	slots chan struct{} // one token per running (or being started) job, or per take loop pulling
-	wg    sync.WaitGroup
+	// pending holds one token per job taken and not started yet, or per take loop pulling: a runner
+	// with thousands of free slots took thousands of jobs at once and started them at the pace its
+	// machine could, and those it had not started within the coordinator's start deadline (60 s)
+	// were lost (BenchmarkSleepingJobs with 3,000 jobs). Work it does not take yet stays queued.
+	pending chan struct{}
+	wg      sync.WaitGroup
 	// draining is set once Run's context ended with a DrainTimeout: heartbeats say so.
 	draining atomic.Bool
 	// fenceAfter is how long the jobs may go on without a heartbeat that NATS confirmed
@@ -220,6 +231,8 @@ type Runner struct {
 	// once it fired. It is nil outside Run, and while a fence that fired could not be replaced.
 	fenceAfter time.Duration
 	guard      atomic.Pointer[sandbox.Fence]
+	// listen tells the activity watchers whether the runner's listening sockets changed.
+	listen listenGate
 
 	mu   sync.Mutex
 	jobs map[string]*job
@@ -255,7 +268,7 @@ func New(nc *nats.Conn, cfg Config) (*Runner, error) {
 	}
 	return &Runner{
 		cfg: cfg, nc: nc, beats: beats, js: js, work: work, mgr: mgr, boot: time.Now(), fenceAfter: proto.RunnerFenceAfter(cfg.Deadline),
-		slots: make(chan struct{}, cfg.Slots), jobs: map[string]*job{},
+		slots: make(chan struct{}, cfg.Slots), pending: make(chan struct{}, maxPending), jobs: map[string]*job{},
 	}, nil
 }
 
@@ -433,10 +446,17 @@ func (r *Runner) take(ctx, jobCtx context.Context, cons jetstream.Consumer) {
 		case <-ctx.Done():
 			return
 		}
+		// Keep a place among the jobs taken and not started yet, until this one has started.
+		select {
+		case r.pending <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
 		fetchCtx, cancel := context.WithTimeout(ctx, pullExpiry)
 		msg, err := cons.Next(jetstream.FetchContext(fetchCtx))
 		cancel()
 		if err != nil {
+			<-r.pending
 			if ctx.Err() != nil {
 				return
 			}
@@ -454,6 +474,7 @@ func (r *Runner) take(ctx, jobCtx context.Context, cons jetstream.Consumer) {
 		case r.slots <- struct{}{}:
 		default:
 			// Every slot went to the other loop while this one pulled.
+			<-r.pending
 			if err := msg.Nak(); err != nil {
 				r.cfg.Logger.Warn("hand back work", "err", err)
 			}
@@ -463,7 +484,7 @@ func (r *Runner) take(ctx, jobCtx context.Context, cons jetstream.Consumer) {
 		go func() {
 			defer r.wg.Done()
 			defer func() { <-r.slots }()
-			r.run(jobCtx, msg)
+			r.run(jobCtx, msg, func() { <-r.pending })
 		}()
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -332,7 +333,21 @@ const tcpListen = "0A"
 // sockets among sockets (by inode).
 func listeners(f *os.File, sockets map[uint64]bool) ([]netip.AddrPort, error) {
 	var out []netip.AddrPort
-	sc := bufio.NewScanner(f)
+	err := eachListener(f, func(ino uint64, addr string) {
+		if !sockets[ino] {
+			return
+		}
+		if ap, ok := parseProcAddr(addr); ok {
+			out = append(out, ap)
+		}
+	})
+	return out, err
+}
+
+// eachListener calls f with the inode and local address of each listening socket of a /proc/net/tcp
+// or tcp6 table.
+func eachListener(r io.Reader, f func(ino uint64, addr string)) error {
+	sc := bufio.NewScanner(r)
 	sc.Scan() // the header
 	for sc.Scan() {
 		// sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ...
@@ -340,15 +355,11 @@ func listeners(f *os.File, sockets map[uint64]bool) ([]netip.AddrPort, error) {
 		if len(fields) < 10 || fields[3] != tcpListen {
 			continue
 		}
-		ino, err := strconv.ParseUint(fields[9], 10, 64)
-		if err != nil || !sockets[ino] {
-			continue
-		}
-		if ap, ok := parseProcAddr(fields[1]); ok {
-			out = append(out, ap)
+		if ino, err := strconv.ParseUint(fields[9], 10, 64); err == nil {
+			f(ino, fields[1])
 		}
 	}
-	return out, sc.Err()
+	return sc.Err()
 }
 
 // parseProcAddr parses a /proc/net/tcp{,6} address, "0100007F:1435": the address as 32-bit words
@@ -372,4 +383,46 @@ func parseProcAddr(s string) (netip.AddrPort, bool) {
 	}
 	addr, _ := netip.AddrFromSlice(ip)
 	return netip.AddrPortFrom(addr.Unmap(), uint16(port)), true
+}
+
+// ListenDigest is a digest of the set of listening TCP sockets (by inode) in this process's network
+// namespace, /proc/self/net/tcp and tcp6: it changes when a socket starts or stops listening there.
+// Jobs that are not readonly share the runner's namespace, so a job that begins or stops listening
+// changes it; a caller may skip looking at a job without input (Activity) while it does not change.
+func ListenDigest() (uint64, error) {
+	var sum uint64
+	for _, table := range []string{"tcp", "tcp6"} {
+		f, err := os.Open("/proc/self/net/" + table)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no IPv6
+		}
+		if err != nil {
+			return 0, err
+		}
+		d, err := listenSum(f)
+		f.Close()
+		sum += d
+		if err != nil {
+			return 0, fmt.Errorf("read /proc/self/net/%s: %w", table, err)
+		}
+	}
+	return sum, nil
+}
+
+// listenSum is the digest of one /proc/net/tcp or tcp6 table: the sum of its listening sockets'
+// inodes, each mixed.
+func listenSum(r io.Reader) (uint64, error) {
+	var sum uint64
+	err := eachListener(r, func(ino uint64, _ string) { sum += mix(ino) })
+	return sum, err
+}
+
+// mix is splitmix64's finaliser: a sum of mixed inodes does not depend on their order and seldom
+// collides.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }

@@ -194,3 +194,32 @@ time.sleep(60)
 		t.Fatalf("a readonly job's ports are listed: %v", a.Listening)
 	}
 }
+
+// TestListenDigest: the digest of a /proc/net/tcp table changes when a socket starts listening and
+// not with a connection, whatever the order of the lines; a real table reads.
+func TestListenDigest(t *testing.T) {
+	const header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+	const (
+		listen1 = "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1001 1 0000000000000000 100 0 0 10 0\n"
+		listen2 = "   1: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1002 1 0000000000000000 100 0 0 10 0\n"
+		conn    = "   2: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 1003 1 0000000000000000 20 4 30 10 -1\n"
+	)
+	sum := func(lines ...string) uint64 {
+		t.Helper()
+		d, err := listenSum(strings.NewReader(header + strings.Join(lines, "")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	one, two := sum(listen1), sum(listen1, listen2)
+	if one == two {
+		t.Errorf("digest %x did not change with a second listening socket", one)
+	}
+	if got := sum(listen2, conn, listen1); got != two {
+		t.Errorf("digest %x with a connection and the lines reordered, want %x", got, two)
+	}
+	if _, err := ListenDigest(); err != nil {
+		t.Fatal(err)
+	}
+}

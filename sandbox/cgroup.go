@@ -151,6 +151,51 @@ func exists(path string) bool {
 	return err == nil
 }
 
+// procsBelow appends to pids the processes of the cgroup dir and of every cgroup below it, each once,
+// reading cgroup.procs files. It looks for child cgroups only where there are some: cgroupfs (kernfs)
+// keeps a directory's link count at 2 plus its subdirectories. The library's recursive listings walk
+// with filepath.Walk, which lstat's every control file of every cgroup: about a millisecond a job,
+// which the runner's activity scan (Process.Activity) paid every second for each running job, and
+// with a thousand of them took the runner's whole CPU. A cgroup removed meanwhile has none.
+func procsBelow(dir string, pids []int) ([]int, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if removed(err) {
+		return pids, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for line := range strings.Lines(string(raw)) {
+		pid, err := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil {
+			return nil, fmt.Errorf("%s/cgroup.procs: %w", dir, err)
+		}
+		if !slices.Contains(pids, pid) {
+			pids = append(pids, pid)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		if removed(err) {
+			return pids, nil
+		}
+		return nil, err
+	}
+	if st.Nlink == 2 {
+		return pids, nil
+	}
+	children, err := subdirs(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range children {
+		if pids, err = procsBelow(filepath.Join(dir, c), pids); err != nil {
+			return nil, err
+		}
+	}
+	return pids, nil
+}
+
 // subdirs lists the child cgroups of dir; a dir that is gone has none.
 func subdirs(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sbx-dev/sbx/internal/poll"
 )
 
 func TestV1Mounts(t *testing.T) {
@@ -355,4 +357,49 @@ func TestResources(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPidsChildCgroup: a process that a (root) job moved into a cgroup of its own below the job's is
+// still the job's: listed, and killed with it.
+func TestPidsChildCgroup(t *testing.T) {
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		arg := daemonArg()
+		p, err := m.Start(sh("child-cgroup", "sleep "+arg+" & wait"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := drain(t, p.Output())
+		var sleeper []int
+		poll.Until(t, 10*time.Second, "the job's sleep", func() bool { sleeper = survivors(t, arg); return len(sleeper) == 1 })
+		var dirs []string // on v1, every hierarchy's: the job's cgroup in one would still list it
+		switch g := p.g.(type) {
+		case *v1Group:
+			dirs = g.dirs
+		case *v2Group:
+			dirs = []string{g.dir}
+		}
+		for _, dir := range dirs {
+			child := filepath.Join(dir, "child")
+			if err := os.Mkdir(child, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(child, "cgroup.procs"), []byte(strconv.Itoa(sleeper[0])), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if pids := groupPids(t, p); !slices.Contains(pids, sleeper[0]) {
+			t.Errorf("the job's processes %v lack %d, in its child cgroup", pids, sleeper[0])
+		}
+		if err := p.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Wait(); err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+		out()
+		if left := survivors(t, arg); len(left) > 0 {
+			t.Errorf("%v survived the kill", left)
+		}
+	})
 }

@@ -273,22 +273,11 @@ func (g *v1Group) kill() error {
 // pids lists the processes in the group and below it across all hierarchies: a process can only
 // leave one of them by writing another cgroup.procs, which a root job could do.
 func (g *v1Group) pids() ([]int, error) {
-	if g.empty() {
-		return nil, nil
-	}
 	var all []int
-	for _, s := range g.cg.Subsystems() {
-		ps, err := g.cg.Processes(s.Name(), true)
-		if removed(err) || errors.Is(err, cgroup1.ErrCgroupDeleted) {
-			continue
-		}
-		if err != nil {
+	for _, dir := range g.dirs {
+		var err error
+		if all, err = procsBelow(dir, all); err != nil {
 			return nil, err
-		}
-		for _, p := range ps {
-			if !slices.Contains(all, p.Pid) {
-				all = append(all, p.Pid)
-			}
 		}
 	}
 	return all, nil

@@ -225,18 +225,7 @@ func (g *v2Group) kill() error {
 
 // pids lists the processes in the group and below it; a group that is gone holds none.
 func (g *v2Group) pids() ([]int, error) {
-	ps, err := g.m.Procs(true)
-	if removed(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	pids := make([]int, len(ps))
-	for i, p := range ps {
-		pids[i] = int(p)
-	}
-	return pids, nil
+	return procsBelow(g.dir, nil)
 }
 
 // freeze freezes or thaws through the library, then waits at most a second for "frozen 1" in

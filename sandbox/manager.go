@@ -76,6 +76,9 @@ type Manager struct {
 	// where is the Root, Version and Mountpoint in use, from which a fence finds the same cgroups.
 	where Config
 
+	// starting holds a token per Start under way (maxStarting).
+	starting chan struct{}
+
 	// mu guards live, the ids of jobs this Manager is running, so that Sweep spares them.
 	mu   sync.Mutex
 	live map[string]bool
@@ -126,7 +129,8 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		version: cfg.Version, grace: cfg.KillGrace, bwrap: cfg.Bwrap, hide: slices.Clone(cfg.Hide), live: make(map[string]bool),
-		where: Config{Root: cfg.Root, Version: cfg.Version, Mountpoint: cfg.Mountpoint},
+		starting: make(chan struct{}, maxStarting),
+		where:    Config{Root: cfg.Root, Version: cfg.Version, Mountpoint: cfg.Mountpoint},
 	}
 	var err error
 	switch cfg.Version {
@@ -258,6 +262,13 @@ func (m *Manager) Close() {
 	}
 }
 
+// maxStarting bounds the Starts under way at once; more wait. A start is mostly system calls that
+// block an OS thread (cgroup directories and files, the fork, the init step's exec), and the Go
+// runtime keeps every thread it ever made: a runner handed 10,000 jobs at once started thousands at
+// a time and kept 5,000 threads after (BenchmarkSleepingJobs), and as many descriptors in flight.
+// Forks are one at a time anyway (spawn).
+const maxStarting = 16
+
 // Start creates the job's cgroup, applies spec.Resources and starts the command already inside it;
 // with spec.Readonly the command is bwrap running spec's program under the readonly filter.
 func (m *Manager) Start(spec Spec) (*Process, error) {
@@ -265,6 +276,8 @@ func (m *Manager) Start(spec Spec) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.starting <- struct{}{}
+	defer func() { <-m.starting }()
 	// files are the descriptors from 3 on; nil leaves one closed.
 	var files []*os.File
 	// env is a readonly job's environment as bwrap's --args file (bwrapEnv).

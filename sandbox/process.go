@@ -35,9 +35,8 @@ type Result struct {
 // Process is a started job: the init step (init.go), pid 1 of the job's pid namespace, and the
 // job's program, its child.
 //
-// One goroutine, locked to its OS thread, starts the init step and follows it: it reads the init's
-// status pipe and waits for it. Pdeathsig fires when the thread that forked the child exits, so that
-// thread must live exactly as long as the child.
+// A spawner (spawn) forks the init step; then one ordinary goroutine follows it: it reads the init's
+// status pipe and waits for it.
 type Process struct {
 	jobPid int // the job's program's pid on the host, also its process group id; set once launched
 	g      group
@@ -206,12 +205,50 @@ func start(g group, spec Spec, files []*os.File, grace time.Duration, release fu
 	return p, nil
 }
 
-// run is the goroutine that owns the init step: it starts it on a locked thread, reports the start
-// on startErr, follows its status pipe (status) and waits for it, then finishes the job.
+// spawners is how many goroutines fork init steps: Go forks one child at a time (syscall.ForkLock),
+// but each spawner then waits until its child has executed the init step, about a millisecond.
+const spawners = 8
+
+// spawnRequest is a command for a spawner to start, and where it says how that went.
+type spawnRequest struct {
+	cmd  *exec.Cmd
+	done chan<- error
+}
+
+var (
+	spawnOnce sync.Once
+	spawnReqs chan spawnRequest
+)
+
+// spawn starts cmd on one of the spawners: goroutines locked to their OS threads that never return.
+// The init step's parent-death signal (Pdeathsig) fires when the thread that forked it exits, not
+// the process; the Go runtime ends a thread when a goroutine returns while locked to it, which any
+// goroutine on that thread may do later. A spawner's thread lives as long as the process, so a job
+// still dies with the runner and at no other time. They are the process's, not a Manager's: jobs
+// outlive their Manager's Close. Waiting for the child needs no particular thread: wait4 reaps a
+// child of any thread of the process. (Each job once held a thread of its own, locked for its whole
+// life: 10,000 sleeping jobs were 10,000 threads.)
+func spawn(cmd *exec.Cmd) error {
+	spawnOnce.Do(func() {
+		spawnReqs = make(chan spawnRequest)
+		for range spawners {
+			go func() {
+				runtime.LockOSThread() // for good: see above
+				for r := range spawnReqs {
+					r.done <- r.cmd.Start()
+				}
+			}()
+		}
+	})
+	done := make(chan error, 1)
+	spawnReqs <- spawnRequest{cmd, done}
+	return <-done
+}
+
+// run is the goroutine that owns the init step: it starts it (spawn), reports the start on
+// startErr, follows its status pipe (status) and waits for it, then finishes the job.
 func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) error, status *os.File, startErr chan<- error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	err := started(cmd.Start())
+	err := started(spawn(cmd))
 	// The parent's copies of the child's ends go now: the output's write end so that EOF arrives once
 	// every process in the cgroup is dead, the input's read end so that a closed input is EOF.
 	for _, f := range childEnds {
@@ -227,14 +264,20 @@ func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) e
 		return
 	}
 	startErr <- nil
+	// os.Process holds a pidfd until Wait: a descriptor per running job, a third of what a sleeping
+	// job held in the runner. The init step is reaped by its pid instead (finish): a child's pid is
+	// not reused before it is reaped, and nothing else here reaps it.
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Release()
 
-	ws, ok := p.follow(bufio.NewReader(status))
+	// The reports are short lines: a small buffer, held for the job's life, is enough.
+	ws, ok := p.follow(bufio.NewReaderSize(status, 128))
 	status.Close()
 	p.mu.Lock()
 	p.exited = true
 	g, release := p.g, p.release
 	p.mu.Unlock()
-	p.result, p.err = p.finish(g, cmd, ws, ok)
+	p.result, p.err = p.finish(g, pid, ws, ok)
 	if p.in != nil {
 		p.in.Close() // nothing is left to read it
 	}
@@ -332,7 +375,7 @@ func parseReport(line, prefix string) ([]time.Duration, bool) {
 // what is left use the rest of the kill's grace, so that a child's SIGTERM handler is not cut off
 // when the shell dies first. ws is the job's program's wait status when the init reported one (ok),
 // else the init's own counts (it was killed with the job). The caller removes the cgroup.
-func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool) (Result, error) {
+func (p *Process) finish(g group, initPid int, ws syscall.WaitStatus, ok bool) (Result, error) {
 	var res Result
 	var errs []error
 	p.mu.Lock()
@@ -358,7 +401,7 @@ func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool)
 	if killing {
 		waitEmptyUntil(g.pids, killAt)
 	} else {
-		settleInit(g, cmd.Process.Pid)
+		settleInit(g, initPid)
 	}
 	p.killMu.Lock()
 	kerr := g.kill()
@@ -366,14 +409,15 @@ func (p *Process) finish(g group, cmd *exec.Cmd, ws syscall.WaitStatus, ok bool)
 	if kerr != nil {
 		errs = append(errs, fmt.Errorf("kill leftovers: %w", kerr))
 	}
-	werr := cmd.Wait()
-	// An *exec.ExitError only says the init failed, which res reports.
-	var ee *exec.ExitError
-	if werr != nil && !errors.As(werr, &ee) {
-		errs = append(errs, fmt.Errorf("wait: %w", werr))
+	var initWS unix.WaitStatus
+	_, werr := unix.Wait4(initPid, &initWS, 0, nil)
+	for errors.Is(werr, unix.EINTR) {
+		_, werr = unix.Wait4(initPid, &initWS, 0, nil)
 	}
-	if !ok && cmd.ProcessState != nil {
-		ws = cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if werr != nil {
+		errs = append(errs, fmt.Errorf("wait: %w", werr))
+	} else if !ok {
+		ws = syscall.WaitStatus(initWS)
 	}
 	res.ExitCode = ws.ExitStatus()
 	if ws.Signaled() {

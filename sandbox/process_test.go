@@ -7,13 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sbx-dev/sbx/internal/poll"
 )
@@ -242,6 +246,61 @@ func jobDiesWithRunner(t *testing.T, cfg Config, warm int, cred *Credential) {
 	if n, err := m.Sweep(); n < 1 || err != nil {
 		t.Errorf("Sweep() = %d, %v; want at least 1", n, err)
 	}
+}
+
+// TestJobOutlivesThreads: a job lives on when the runtime ends threads of the runner — the one of the
+// goroutine that started it, and others that goroutines returning while locked to them end: the init
+// step's parent-death signal is tied to the thread that forked it, which must be a spawner's (spawn),
+// whose thread lives as long as the process.
+func TestJobOutlivesThreads(t *testing.T) {
+	// endThread runs f on a goroutine locked to its thread, which the runtime ends when it returns
+	// (all but the main thread, which it keeps), and waits until the thread is gone.
+	endThread := func(f func()) {
+		tids := make(chan int, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked
+			f()
+			tids <- unix.Gettid()
+		}()
+		tid := <-tids
+		if tid == os.Getpid() {
+			return
+		}
+		task := fmt.Sprintf("/proc/self/task/%d", tid)
+		poll.Until(t, 10*time.Second, "the end of a thread", func() bool {
+			_, err := os.Stat(task)
+			return errors.Is(err, fs.ErrNotExist)
+		})
+	}
+	eachVersion(t, func(t *testing.T, cfg Config) {
+		m, _ := newTestManager(t, cfg)
+		var (
+			p   *Process
+			err error
+		)
+		endThread(func() {
+			spec := sh("outlive", "read x; echo got=$x")
+			spec.Stdin = true
+			p, err = m.Start(spec)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := drain(t, p.Output())
+		for range 4 * runtime.GOMAXPROCS(0) {
+			endThread(func() {})
+		}
+		if _, err := p.Input().Write([]byte("hi\n")); err != nil {
+			t.Fatalf("write the job's input: %v", err)
+		}
+		res, err := p.Wait()
+		if err != nil {
+			t.Errorf("Wait: %v", err)
+		}
+		if got := out(); res.ExitCode != 0 || got != "got=hi\n" {
+			t.Errorf("job = %+v, output %q; want exit 0 and got=hi", res, got)
+		}
+	})
 }
 
 func TestLeftoversKilledAtExit(t *testing.T) {

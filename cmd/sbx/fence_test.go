@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/sbx-dev/sbx/coordinator/client"
 	"github.com/sbx-dev/sbx/internal/poll"
 	"github.com/sbx-dev/sbx/proto"
+	"github.com/sbx-dev/sbx/runner"
 )
 
 // startRunnerProcess runs `sbx runner` as a process of its own, which a test can stop or kill, with
@@ -130,7 +132,7 @@ func TestSlotsFlag(t *testing.T) {
 		{"serve", "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data", t.TempDir()},
 		{"runner", "--nats", "nats://127.0.0.1:1"},
 	} {
-		for _, n := range []string{"0", "-1", "4097"} {
+		for _, n := range []string{"0", "-1", strconv.Itoa(runner.MaxSlots + 1)} {
 			var out strings.Builder
 			err := run(t.Context(), append(cmd, "--slots", n), os.Getenv, &out, io.Discard)
 			if code(err) != 2 || !strings.Contains(err.Error(), "--slots") || out.Len() > 0 {

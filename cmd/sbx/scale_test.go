@@ -19,7 +19,7 @@ import (
 
 // buildSbx builds the sbx binary for a test, or returns $SBX_TEST_BINARY, one built beforehand (the
 // cgroup v2 guest of .ci/cgroup2-guest has no go tool).
-func buildSbx(t *testing.T) string {
+func buildSbx(t testing.TB) string {
 	t.Helper()
 	if bin := os.Getenv("SBX_TEST_BINARY"); bin != "" {
 		return bin
