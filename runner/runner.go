@@ -380,10 +380,18 @@ func (r *Runner) drain() {
 }
 
 // stopAll stops every job of the runner for a reason.
+//
+// The kills happen outside r.mu: each freezes and kills a cgroup, and thousands of them under the
+// lock held up the heartbeats that take it, long enough to fire the fence of a runner that was
+// only shutting down.
 func (r *Runner) stopAll(reason, why string) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	jobs := make([]*job, 0, len(r.jobs))
 	for _, j := range r.jobs {
+		jobs = append(jobs, j)
+	}
+	r.mu.Unlock()
+	for _, j := range jobs {
 		j.stop(reason, why)
 	}
 }
