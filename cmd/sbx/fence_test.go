@@ -46,7 +46,7 @@ func startRunnerProcess(t *testing.T, c *client.Client, natsURL, id string) *exe
 
 // fencedWithin waits for the job to be reported ended, and fails the test unless it is lost and its
 // process pid died no later than that, within limit of since.
-func fencedWithin(t *testing.T, c *client.Client, id string, pid int, since time.Time, limit time.Duration) {
+func fencedWithin(t *testing.T, coord *part, c *client.Client, id string, pid int, since time.Time, limit time.Duration) {
 	t.Helper()
 	var (
 		died  time.Time
@@ -62,7 +62,7 @@ func fencedWithin(t *testing.T, c *client.Client, id string, pid int, since time
 		j, err = c.Job(t.Context(), id)
 		return err == nil && ended(j)
 	}) {
-		t.Fatalf("job %s not ended %s after the runner's fault: %+v, %v (its process alive: %v)", id, time.Since(since), j, err, alive)
+		t.Fatalf("job %s not ended %s after the runner's fault: %+v, %v (its process alive: %v); the coordinator's log:\n%s", id, time.Since(since), j, err, alive, coord.logText())
 	}
 	if alive {
 		t.Fatalf("job %s %s after %s while its process still ran", j.Status, j.Reason, time.Since(since).Round(10*time.Millisecond))
@@ -73,7 +73,7 @@ func fencedWithin(t *testing.T, c *client.Client, id string, pid int, since time
 		t.Fatalf("job %+v, want aborted, lost", j)
 	}
 	if took := time.Since(since); took > limit {
-		t.Fatalf("lost after %s, want within %s", took, limit)
+		t.Fatalf("lost after %s, want within %s; the coordinator's log:\n%s", took, limit, coord.logText())
 	}
 }
 
@@ -81,14 +81,14 @@ func fencedWithin(t *testing.T, c *client.Client, id string, pid int, since time
 // are dead by the time the coordinator declares them lost: its fence process kills them.
 func TestFrozenRunnerFenced(t *testing.T) {
 	n := newRestartableNATS(t, true)
-	_, c := startFleetCoordinator(t, n.url())
+	coord, c := startFleetCoordinator(t, n.url())
 	r := startRunnerProcess(t, c, n.url(), "frozen")
 	id, pid := startSpinner(t, c)
 
 	if err := r.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	fencedWithin(t, c, id, pid, time.Now(), proto.DefaultRunnerDeadline+2*time.Second)
+	fencedWithin(t, coord, c, id, pid, time.Now(), proto.DefaultRunnerDeadline+2*time.Second)
 }
 
 // TestKilledRunnerFenced: at the default settings, a runner killed by kill -9 has its jobs reported
@@ -96,7 +96,7 @@ func TestFrozenRunnerFenced(t *testing.T) {
 // signal).
 func TestKilledRunnerFenced(t *testing.T) {
 	n := newRestartableNATS(t, true)
-	_, c := startFleetCoordinator(t, n.url())
+	coord, c := startFleetCoordinator(t, n.url())
 	r := startRunnerProcess(t, c, n.url(), "killed")
 	id, pid := startSpinner(t, c)
 
@@ -106,7 +106,7 @@ func TestKilledRunnerFenced(t *testing.T) {
 	killed := time.Now()
 	took := poll.Until(t, 5*time.Second, "the job of a runner killed by kill -9 dies", func() bool { return !processAlive(pid) })
 	t.Logf("the job died %s after its runner", took.Round(10*time.Millisecond))
-	fencedWithin(t, c, id, pid, killed, 10*time.Second)
+	fencedWithin(t, coord, c, id, pid, killed, 10*time.Second)
 }
 
 // TestRunnerDeadlineFlag: the coordinator refuses a --runner-deadline that runners refuse, naming the

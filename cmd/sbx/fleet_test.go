@@ -147,9 +147,14 @@ func (p *part) stop() error {
 
 // logged reports whether the part's log holds s.
 func (p *part) logged(s string) bool {
+	return strings.Contains(p.logText(), s)
+}
+
+// logText is what the part logged so far.
+func (p *part) logText() string {
 	p.log.mu.Lock()
 	defer p.log.mu.Unlock()
-	return strings.Contains(p.log.buf.String(), s)
+	return p.log.buf.String()
 }
 
 // startFleetCoordinator runs `sbx coordinator` against natsURL and returns a client of its API.
