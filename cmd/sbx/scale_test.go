@@ -36,8 +36,9 @@ func buildSbx(t testing.TB) string {
 	return bin
 }
 
-// startProcess runs the sbx binary until the test ends and returns its first stdout line channel.
-func startProcess(t *testing.T, bin string, args ...string) <-chan string {
+// startProcess runs the sbx binary until the test ends and returns its pid and its stdout's first
+// lines. At the end it is stopped with SIGINT, and killed when it has not exited within stopWithin.
+func startProcess(t testing.TB, stopWithin time.Duration, bin string, args ...string) (int, <-chan string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
@@ -61,12 +62,12 @@ func startProcess(t *testing.T, bin string, args ...string) <-chan string {
 		go func() { _ = cmd.Wait(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(20 * time.Second):
+		case <-time.After(stopWithin):
 			_ = cmd.Process.Kill()
 			<-done
 		}
 	})
-	return lines
+	return cmd.Process.Pid, lines
 }
 
 // TestScaleOut: a coordinator and two runners as separate processes on one NATS: work spreads over
@@ -78,7 +79,7 @@ func TestScaleOut(t *testing.T) {
 	ns := natstest.Server(t)
 	bin := buildSbx(t)
 	url := ns.ClientURL()
-	lines := startProcess(t, bin, "coordinator", "--nats", url, "--listen", "127.0.0.1:0", "--data", t.TempDir())
+	_, lines := startProcess(t, 20*time.Second, bin, "coordinator", "--nats", url, "--listen", "127.0.0.1:0", "--data", t.TempDir())
 	var addr string
 	select {
 	case line := <-lines:
@@ -88,7 +89,7 @@ func TestScaleOut(t *testing.T) {
 		t.Fatal("coordinator did not start")
 	}
 	for _, id := range []string{"scale-a", "scale-b"} {
-		startProcess(t, bin, "runner", "--nats", url, "--id", id, "--slots", "2", "--cgroup-root", testCgroupRoot("sbx-scale-test"))
+		startProcess(t, 20*time.Second, bin, "runner", "--nats", url, "--id", id, "--slots", "2", "--cgroup-root", testCgroupRoot("sbx-scale-test"))
 	}
 	c := client.New(addr, "")
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)

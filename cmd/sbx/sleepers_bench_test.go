@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,7 +45,7 @@ func BenchmarkSleepingJobs(b *testing.B) {
 	bin := buildSbx(b)
 	ns := natstest.Server(b)
 	url := ns.ClientURL()
-	coord, lines := startMeasured(b, bin, "coordinator", "--nats", url, "--listen", "127.0.0.1:0", "--data", b.TempDir())
+	coord, lines := startProcess(b, stopSleepers, bin, "coordinator", "--nats", url, "--listen", "127.0.0.1:0", "--data", b.TempDir())
 	var addr string
 	select {
 	case line := <-lines:
@@ -55,7 +54,7 @@ func BenchmarkSleepingJobs(b *testing.B) {
 	case <-time.After(60 * time.Second):
 		b.Fatal("coordinator did not start")
 	}
-	run, _ := startMeasured(b, bin, "runner", "--nats", url, "--id", "sleepers", "--slots", strconv.Itoa(n),
+	run, _ := startProcess(b, stopSleepers, bin, "runner", "--nats", url, "--id", "sleepers", "--slots", strconv.Itoa(n),
 		"--cgroup-root", testCgroupRoot("sbx-sleepers-bench"))
 	c := client.New(addr, "")
 	waitRunner(b, c, "sleepers")
@@ -231,43 +230,13 @@ func raiseLimits(b *testing.B, n int) int {
 	return n
 }
 
+// stopSleepers is how long the coordinator and the runner get to exit at the end: a runner ends
+// its thousands of jobs first.
+const stopSleepers = 3 * time.Minute
+
 // descriptorRoom is what a runner needs beside its jobs' descriptors: NATS, the fence, /proc and
 // cgroup files open at once, warm init steps.
 const descriptorRoom = 1024
-
-// startMeasured runs the sbx binary until the benchmark ends, stopping it with SIGINT (SIGKILL
-// after 3 minutes: a runner ends its jobs first), and returns its pid and its stdout's first lines.
-func startMeasured(b *testing.B, bin string, args ...string) (int, <-chan string) {
-	b.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	lines := make(chan string, 16)
-	go scanLines(stdout, func(l string) {
-		select {
-		case lines <- l:
-		default:
-		}
-	})
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(3 * time.Minute):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	return cmd.Process.Pid, lines
-}
 
 // procStatus reads a number from /proc/PID/status (VmRSS in KiB, Threads).
 func procStatus(b *testing.B, pid int, field string) int64 {
