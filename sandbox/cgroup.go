@@ -44,25 +44,31 @@ type group interface {
 // initExitWait bounds how long a finished job's group is left to its init step alone.
 const initExitWait = time.Second
 
-// settleInit waits, up to initExitWait, for the init step (pid) to exit when the group holds it and
-// nothing else. The init exits by itself once it has reaped the last process of its namespace, a
-// moment after it reported the job's status, but under load that moment can pass killAll's
-// settleTime; killing it then (on v1: freeze, list every hierarchy, kill, thaw) cost more of the
-// runner's CPU than the rest of a short job. The group is read once, each directory's cgroup.procs
-// without descending: anything else there (another process, a child cgroup, an error) leaves the
-// init to the kill. The wait is on a pidfd, which becomes readable when the init exits, before it
-// is reaped: its pid cannot be reused meanwhile.
-func settleInit(g group, pid int) {
+// initAlone reports whether the group holds the init step (pid) and nothing else, or nothing at
+// all: how a job ends whose processes have all exited. The init exits by itself once it has reaped
+// the last process of its namespace, a moment after it reported the job's status, but under load
+// that moment can pass killAll's settleTime; killing it then (on v1: freeze, list every hierarchy,
+// kill, thaw) cost more of the runner's CPU than the rest of a short job. The group is read once,
+// each directory's cgroup.procs without descending: anything else there (another process, a child
+// cgroup, an error) leaves the init to the kill.
+func initAlone(g group, pid int) bool {
 	alone := strconv.Itoa(pid) + "\n"
 	for _, dir := range g.own() {
 		procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 		if err != nil || len(procs) > 0 && string(procs) != alone {
-			return
+			return false
 		}
 		if children, err := subdirs(dir); err != nil || len(children) > 0 {
-			return
+			return false
 		}
 	}
+	return true
+}
+
+// awaitInitExit waits, up to initExitWait, for the init step (pid) to exit. The wait is on a
+// pidfd, which becomes readable when the init exits, before it is reaped: its pid cannot be reused
+// meanwhile.
+func awaitInitExit(pid int) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return // gone already, or a kernel before 5.3: the kill settles it

@@ -18,8 +18,8 @@ import (
 // Every job starts as this binary re-executed as the init step (argv[0] initArg0), cloned into a new
 // pid and mount namespace whose pid 1 it is, with an empty environment: nothing of the job's reaches
 // a process that runs outside the job, as the runner's user, before the job's own program. The init
-// joins the job's cgroups (v1; on v2 the clone places it there), reads the job on jobFD
-// (jobMessage), makes every mount private, mounts a fresh /proc and starts the job's program as its
+// joins the job's cgroups (v1; on v2 the clone places it there), makes every mount private, mounts
+// a fresh /proc, reads the job on jobFD (jobMessage) and starts the job's program as its
 // child, in its own process group (a session of its own on the job's terminal: Spec.TTY), as the
 // job's credential. It then reaps until the namespace is empty. Other jobs' processes are thus
 // invisible to the job and out of its reach (kill, ptrace, /proc/PID/environ), whatever user both
@@ -27,7 +27,8 @@ import (
 //
 // The init reports on statusFD, in order: "+T\n" once it joined its cgroups (a warm step then waits
 // for its job), "pid N T\n" with the job's pid as the host sees it once the program was executed, or
-// else the reason it was not, as text, and then "status W T\n", the job's wait status, when the job's
+// else the reason it was not, as text, and then "status W L T\n", the job's wait status and L 1 when
+// other processes of its namespace live on (0 when none does), when the job's
 // process ends. Each T is CLOCK_MONOTONIC in nanoseconds when the init (or the job's process, about
 // to execute its program) wrote the message: Process.Stages are the kernel's times, not when the
 // runner came to read them. It ignores every signal the host sends it but SIGKILL, as pid 1 of a namespace does
@@ -191,20 +192,17 @@ func initMain(args []string) (int, error) {
 	if _, err := fmt.Fprintf(status, "+%d\n", int64(Monotonic())); err != nil {
 		return 1, fmt.Errorf("init: status pipe: %w", err)
 	}
-	in := os.NewFile(jobFD, "job")
-	msg, err := io.ReadAll(in)
-	in.Close()
-	if err != nil {
-		return 1, fmt.Errorf("init: read job message: %w", err)
-	}
-	j, err := parseJobMessage(msg)
-	if err != nil {
-		return 1, err
-	}
+	// The mounts are the same for every job: made before the job is read, as the C init step does.
 	if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return 1, fmt.Errorf("init: make mounts private: %w", err)
 	}
-	oldproc, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	procfd, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 1, fmt.Errorf("init: open /proc: %w", err)
+	}
+	// Above the job's descriptors (0 to argsFD), some of which may be free now and are closed later.
+	oldproc, err := unix.FcntlInt(uintptr(procfd), unix.F_DUPFD_CLOEXEC, argsFD+1)
+	unix.Close(procfd)
 	if err != nil {
 		return 1, fmt.Errorf("init: open /proc: %w", err)
 	}
@@ -214,6 +212,16 @@ func initMain(args []string) (int, error) {
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return 1, fmt.Errorf("init: mount /proc: %w", err)
+	}
+	in := os.NewFile(jobFD, "job")
+	msg, err := io.ReadAll(in)
+	in.Close()
+	if err != nil {
+		return 1, fmt.Errorf("init: read job message: %w", err)
+	}
+	j, err := parseJobMessage(msg)
+	if err != nil {
+		return 1, err
 	}
 	none := ^uintptr(0)
 	files := []uintptr{0, 1, 2, none, none, none, none}
@@ -259,11 +267,29 @@ func initMain(args []string) (int, error) {
 			return code, nil // ECHILD: the namespace is empty
 		}
 		if w == pid {
-			fmt.Fprintf(status, "status %d %d\n", int(ws), int64(Monotonic()))
+			at := Monotonic()
+			fmt.Fprintf(status, "status %d %d %d\n", int(ws), othersLeft(), int64(at))
 			code = ws.ExitStatus()
 			if ws.Signaled() {
 				code = 128 + int(ws.Signal())
 			}
+		}
+	}
+}
+
+// othersLeft is 1 when processes of the init's namespace other than the job's reaped program live
+// on, else 0. Every one of them is a descendant of the init (orphans are reparented to it), so none
+// is left when wait4 finds no child after reaping those already exited.
+func othersLeft() int {
+	for {
+		var ws unix.WaitStatus
+		w, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		switch {
+		case err == unix.EINTR || err == nil && w > 0:
+		case err == unix.ECHILD:
+			return 0
+		default:
+			return 1
 		}
 	}
 }

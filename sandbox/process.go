@@ -271,17 +271,26 @@ func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) e
 	_ = cmd.Process.Release()
 
 	// The reports are short lines: a small buffer, held for the job's life, is enough.
-	ws, ok := p.follow(bufio.NewReaderSize(status, 128))
+	ws, ok, alone := p.follow(bufio.NewReaderSize(status, 128))
 	status.Close()
 	p.mu.Lock()
 	p.exited = true
 	g, release := p.g, p.release
 	p.mu.Unlock()
-	p.result, p.err = p.finish(g, pid, ws, ok)
-	if p.in != nil {
-		p.in.Close() // nothing is left to read it
+	ended := false
+	end := func(res Result) {
+		p.result = res
+		if p.in != nil {
+			p.in.Close() // nothing is left to read it
+		}
+		close(p.ended)
+		ended = true
 	}
-	close(p.ended)
+	res, err := p.finish(g, pid, ws, ok, alone, end)
+	p.err = err
+	if !ended {
+		end(res)
+	}
 	// Removing the cgroup waits out the kernel's EBUSY while the last process is torn down
 	// (retryRemove): the job's end is known before, and reported before (Ended).
 	if err := g.remove(); err != nil {
@@ -292,16 +301,17 @@ func (p *Process) run(cmd *exec.Cmd, childEnds []*os.File, started func(error) e
 }
 
 // follow reads the init step's reports (init.go) until the job's program has exited: it sends on
-// joined and launched, and returns the program's wait status, or false when the init ended (killed,
-// or the job never started) without reporting one.
-func (p *Process) follow(r *bufio.Reader) (syscall.WaitStatus, bool) {
-	failed := func(err error) (syscall.WaitStatus, bool) {
+// joined and launched, and returns the program's wait status and whether the init said no other
+// process of the job lived on (alone), or ok false when the init ended (killed, or the job never
+// started) without reporting one.
+func (p *Process) follow(r *bufio.Reader) (ws syscall.WaitStatus, ok, alone bool) {
+	failed := func(err error) (syscall.WaitStatus, bool, bool) {
 		select {
 		case p.joined <- err:
 		default:
 		}
 		p.launched <- err
-		return 0, false
+		return 0, false, false
 	}
 	rest := func(prefix string) error {
 		b, _ := io.ReadAll(r)
@@ -337,13 +347,13 @@ func (p *Process) follow(r *bufio.Reader) (syscall.WaitStatus, bool) {
 	p.launched <- nil
 	line, err = r.ReadString('\n')
 	statusAt, ok := parseReport(line, "status ")
-	if err != nil || !ok {
-		return 0, false
+	if err != nil || !ok || len(statusAt) != 3 {
+		return 0, false, false
 	}
 	p.mu.Lock()
-	p.stages.Exit = statusAt[1]
+	p.stages.Exit = statusAt[2]
 	p.mu.Unlock()
-	return syscall.WaitStatus(statusAt[0]), true
+	return syscall.WaitStatus(statusAt[0]), true, statusAt[1] == 0
 }
 
 // parseReport parses one of the init step's status lines: prefix, then decimal fields separated
@@ -370,13 +380,13 @@ func parseReport(line, prefix string) ([]time.Duration, bool) {
 }
 
 // finish ends the job after its main process: whatever is left in the cgroup is killed (a job ends
-// when its shell ends), the init step reaped, then the usage is read. A
+// when its shell ends), the init step reaped, then the usage is read; when nothing but the init was
+// left, the result is final before the init is gone and finish gives it to end at once. A
 // lingering job first waits until its output closes or it is killed; a job being killed first lets
 // what is left use the rest of the kill's grace, so that a child's SIGTERM handler is not cut off
 // when the shell dies first. ws is the job's program's wait status when the init reported one (ok),
 // else the init's own counts (it was killed with the job). The caller removes the cgroup.
-func (p *Process) finish(g group, initPid int, ws syscall.WaitStatus, ok bool) (Result, error) {
-	var res Result
+func (p *Process) finish(g group, initPid int, ws syscall.WaitStatus, ok, alone bool, end func(Result)) (Result, error) {
 	var errs []error
 	p.mu.Lock()
 	linger, lingerCgroup := p.linger, p.lingerCgroup
@@ -398,10 +408,23 @@ func (p *Process) finish(g group, initPid int, ws syscall.WaitStatus, ok bool) (
 	p.mu.Lock()
 	killing, killAt := p.killing, p.killAt
 	p.mu.Unlock()
+	early := false
+	var res Result
 	if killing {
 		waitEmptyUntil(g.pids, killAt)
-	} else {
-		settleInit(g, initPid)
+	} else if ok && alone {
+		// Nothing of the job's is left, as its init said: its exit and usage are final now, before
+		// the init has torn its namespaces down and is reaped (half a millisecond of a short job's
+		// end here), and before the group is read (as long again on v1).
+		var err error
+		if res, err = jobResult(g, ws); err != nil {
+			errs = append(errs, err)
+		}
+		end(res)
+		early = true
+		awaitInitExit(initPid)
+	} else if initAlone(g, initPid) {
+		awaitInitExit(initPid)
 	}
 	p.killMu.Lock()
 	kerr := g.kill()
@@ -419,17 +442,28 @@ func (p *Process) finish(g group, initPid int, ws syscall.WaitStatus, ok bool) (
 	} else if !ok {
 		ws = syscall.WaitStatus(initWS)
 	}
-	res.ExitCode = ws.ExitStatus()
+	if !early {
+		var err error
+		if res, err = jobResult(g, ws); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+// jobResult is the Result of a job whose program ended with ws, with the group's usage.
+func jobResult(g group, ws syscall.WaitStatus) (Result, error) {
+	res := Result{ExitCode: ws.ExitStatus()}
 	if ws.Signaled() {
 		res.Signal = int(ws.Signal())
 		res.ExitCode = 128 + res.Signal
 	}
 	u, err := g.usage()
 	if err != nil {
-		errs = append(errs, fmt.Errorf("read usage: %w", err))
+		err = fmt.Errorf("read usage: %w", err)
 	}
 	res.OOMKilled, res.CPU, res.MemoryPeak = u.oomKilled, u.cpu, u.memoryPeak
-	return res, errors.Join(errs...)
+	return res, err
 }
 
 // Pid is the job's program's pid as the host sees it (the job's shell; bwrap for a readonly job),
