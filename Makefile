@@ -31,9 +31,10 @@ test-v2: deps
 		{ $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends qemu-system-x86 debootstrap e2fsprogs; }; \
 		.ci/cgroup2-guest; fi
 
-# bench prints each figure beside its baseline, measured in the same run: run-to-exit against a bare
-# `sh -c true`, readonly against a bare bwrap with the same arguments, and output throughput; the cost
-# of sleeping jobs (SBX_BENCH_SLEEPERS, 10000) against the same processes with none.
+# bench prints each figure beside its baseline, measured in the same run: run-to-exit and jobs/s
+# against the jobs' shell run bare (`bash -c true`), readonly against a bare bwrap with the same
+# arguments, and output throughput; the cost of sleeping jobs (SBX_BENCH_SLEEPERS, 10000) against the
+# same processes with none.
 bench: deps
 	$(GO) test -run '^$$' -bench 'RunToExit|ExitToNotification|JobsPerSecond' -benchtime 300x -timeout 20m ./cmd/sbx/
 	$(GO) test -run '^$$' -bench OutputThroughput -benchtime 3x -timeout 20m ./cmd/sbx/
