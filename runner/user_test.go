@@ -261,3 +261,34 @@ func TestLogUsers(t *testing.T) {
 		}
 	}
 }
+
+// TestAccountCache: an account is resolved once within accountTTL and again after it, so that a
+// change to the user database reaches later jobs.
+func TestAccountCache(t *testing.T) {
+	first, err := lookupAccount("root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := lookupAccount("root")
+	if err != nil || again != first {
+		t.Fatalf("second lookup within the TTL = %p, %v; want the cached %p", again, err, first)
+	}
+	accountCache.Lock()
+	c := accountCache.m["root"]
+	c.at = c.at.Add(-accountTTL)
+	accountCache.m["root"] = c
+	accountCache.Unlock()
+	fresh, err := lookupAccount("root")
+	if err != nil || fresh == first || fresh.cred.UID != 0 {
+		t.Fatalf("lookup past the TTL = %+v, %v; want a new resolution of root", fresh, err)
+	}
+	if _, err := lookupAccount("sbx-no-such-user"); err == nil {
+		t.Fatal("an unknown user resolved")
+	}
+	accountCache.Lock()
+	_, kept := accountCache.m["sbx-no-such-user"]
+	accountCache.Unlock()
+	if kept {
+		t.Error("a failed lookup was cached")
+	}
+}
