@@ -236,8 +236,8 @@ static void sbx_init_main(long n, char **procs) {
 	int jlen = snprintf(joined, sizeof joined, "+%lld\n", sbx_now());
 	if (write(3, joined, jlen) != jlen)
 		sbx_init_fail("init:", "status pipe");
-	// The mounts are the same for every job: a warm step makes them before its job comes, which
-	// takes about a millisecond off the job's start here.
+	// The mounts are the same for every job: a warm step makes them before its job comes (0.14 ms
+	// of a warm start here).
 	// Private: nothing mounted here (the fresh /proc, bwrap's sandbox) reaches the host, and nothing
 	// the host mounts later reaches the job (bwrap makes its mounts slaves of this namespace).
 	if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
