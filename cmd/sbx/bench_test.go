@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os/exec"
 	"sort"
 	"testing"
@@ -94,13 +95,15 @@ func BenchmarkRunToExit(b *testing.B) {
 }
 
 // BenchmarkOutputThroughput measures one job writing 256 MiB into the coordinator: from the start to
-// the job's end with every byte stored, then checks the bytes.
+// the job's end with every byte stored, then checks the bytes; against the same command's output
+// read bare from a pipe to EOF, in the same run.
 func BenchmarkOutputThroughput(b *testing.B) {
 	s := startServe(b)
 	ctx := b.Context()
 	const size = 256 << 20
 	line := "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefghijklmnopqrstuvwxyz"
-	req := client.StartRequest{Command: fmt.Sprintf("yes %s | head -c %d", line, size), Cwd: "/"}
+	command := fmt.Sprintf("yes %s | head -c %d", line, size)
+	req := client.StartRequest{Command: command, Cwd: "/"}
 	b.SetBytes(size)
 	b.ResetTimer()
 	var elapsed time.Duration
@@ -129,7 +132,33 @@ func BenchmarkOutputThroughput(b *testing.B) {
 		}
 		b.StartTimer()
 	}
-	b.ReportMetric(float64(size*b.N)/elapsed.Seconds()/1e6, "MB/s")
+	b.StopTimer()
+	var bare time.Duration
+	for range b.N {
+		cmd := exec.Command(bareShell(), "-c", command)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		// 64 KiB reads, as the runner's (io.Discard's own ReadFrom reads 8 KiB at a time).
+		n, err := io.CopyBuffer(struct{ io.Writer }{io.Discard}, struct{ io.Reader }{out}, make([]byte, 64<<10))
+		if err != nil || n != size {
+			b.Fatalf("bare pipe: %d bytes, %v", n, err)
+		}
+		if err := cmd.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		bare += time.Since(t0)
+	}
+	rate := float64(size*b.N) / elapsed.Seconds() / 1e6
+	bareRate := float64(size*b.N) / bare.Seconds() / 1e6
+	b.ReportMetric(rate, "MB/s")
+	b.ReportMetric(bareRate, "bare-MB/s")
+	b.ReportMetric(rate/bareRate, "x-bare")
 }
 
 // BenchmarkExitToNotification measures, for `true` started in the background, the time from the
